@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Create (or refresh) .venv with everything the project needs.  Idempotent: when
+# nothing that decides the environment changed since the last run, it exits at once.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TORCH_VERSION=2.13.0
+TRANSFORMERS_VERSION=4.5.1
+PYTHON=${PYTHON:-python3}
+stamp=.venv/.setup-stamp
+want=$(cat setup.cfg pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+
+if [[ -f $stamp && "$(cat "$stamp")" == "$want" ]]; then
+    exit 0
+fi
+
+[[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv
+pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
+# Pin torch first and on its own: an unpinned torch would pull the CUDA build.
+"${pip[@]}" install "torch==$TORCH_VERSION"
+"${pip[@]}" install -e ".[models,test]"
+"${pip[@]}" install --no-deps "transformers==$TRANSFORMERS_VERSION"
+echo "$want" > "$stamp"
+echo "setup: .venv ready (torch $TORCH_VERSION, transformers $TRANSFORMERS_VERSION)" >&2

@@ -1,0 +1,91 @@
+"""Shared fixtures: the committed source cache and a hermetic package index."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SOURCE_CACHE = FIXTURES / "cache"
+T5_MEMBER = "transformers/models/t5/modeling_t5.py"
+T5_SOURCE = SOURCE_CACHE / "transformers-4.5.1" / T5_MEMBER
+REPO = Path(__file__).parent.parent
+
+
+@pytest.fixture
+def source_cache(tmp_path: Path) -> Path:
+    """A writable copy of the committed source cache."""
+    target = tmp_path / "cache"
+    shutil.copytree(SOURCE_CACHE, target)
+    return target
+
+
+def build_wheel(path: Path, name: str, version: str, members: dict[str, bytes]) -> Path:
+    """A minimal but valid wheel: pip reads its METADATA before saving it."""
+    dist_info = f"{name}-{version}.dist-info"
+    files = dict(members)
+    files[f"{dist_info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
+    files[f"{dist_info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    record = []
+    for member, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{member},sha256={digest},{len(data)}")
+    record.append(f"{dist_info}/RECORD,,")
+    files[f"{dist_info}/RECORD"] = ("\n".join(record) + "\n").encode()
+    wheel = path / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for member, data in files.items():
+            archive.writestr(member, data)
+    return wheel
+
+
+class FakeIndex:
+    """A PEP 503 index on disk, served to pip through file:// URLs."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.files = root / "files"
+        self.files.mkdir(parents=True)
+
+    def add(self, version: str, members: dict[str, bytes], name: str = "transformers") -> Path:
+        wheel = build_wheel(self.files, name, version, members)
+        page = self.root / "simple" / name
+        page.mkdir(parents=True, exist_ok=True)
+        links = "".join(f'<a href="{w.as_uri()}">{w.name}</a>\n' for w in sorted(self.files.glob(f"{name}-*.whl")))
+        (page / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
+        return wheel
+
+    @property
+    def url(self) -> str:
+        return (self.root / "simple").as_uri()
+
+
+def isolate_pip(monkeypatch: pytest.MonkeyPatch, index_url: str) -> None:
+    """Point pip at one index only, ignoring this machine's pip configuration."""
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_INDEX_URL", index_url)
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "")
+    monkeypatch.setenv("PIP_FIND_LINKS", "")
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_TIMEOUT", "3")
+    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+
+
+@pytest.fixture
+def fake_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeIndex:
+    """An index holding transformers 4.5.1 with the real T5 files and nothing else."""
+    index = FakeIndex(tmp_path / "index")
+    release = SOURCE_CACHE / "transformers-4.5.1"
+    index.add("4.5.1", {str(p.relative_to(release)): p.read_bytes() for p in release.rglob("*.py")})
+    isolate_pip(monkeypatch, index.url)
+    return index
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
