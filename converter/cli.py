@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import logging
+import os
 import shlex
 import sys
 from pathlib import Path, PurePosixPath
@@ -108,6 +109,17 @@ def _display_name(args: argparse.Namespace, recipe: Recipe) -> str:
     return f"{recipe.package}-{args.version}/{recipe.source}"
 
 
+def _ensure_writable(root: Path) -> None:
+    """Fail before the (slow) conversion when the output directory cannot be created or written."""
+    existing = root
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ConvertError(f"cannot write to output directory {root}: {existing} is not a writable directory")
+
+
 def _diff(old: str, new: str, old_name: str, new_name: str) -> str:
     return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                         old_name, new_name))
@@ -123,6 +135,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.version is None:
         raise ConvertError("--version is required, e.g. --version 4.5.1")
     validate_version(args.version)
+    if not (args.check or args.diff):
+        _ensure_writable(args.output_dir)
     sources = _gather_sources(args, recipe)
     is_release = _verify_release(recipe, args.version, sources[recipe.source])
     conversion = Conversion(recipe, args.version, sources, _command(args, pinned_source=not is_release))

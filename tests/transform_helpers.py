@@ -11,9 +11,9 @@ from libcst.codemod import Codemod, CodemodContext
 MODULE = "transformers.models.t5.modeling_t5"
 
 
-def run(transform: type[Codemod], code: str, module: str = MODULE, scratch: dict | None = None,
+def run(transform: type[Codemod], code: str, module_name: str = MODULE, scratch: dict | None = None,
         **options: Any) -> str:
-    context = CodemodContext(full_module_name=module, full_package_name=module.rpartition(".")[0],
+    context = CodemodContext(full_module_name=module_name, full_package_name=module_name.rpartition(".")[0],
                              scratch=dict(scratch or {}))
     return transform(context, **options).transform_module(cst.parse_module(dedent(code))).code
 

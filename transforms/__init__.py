@@ -1,7 +1,27 @@
-"""libcst transforms, one per module; recipes refer to them by ``NAME``."""
+"""libcst transforms, one per module; recipes refer to them by their registry name."""
 
 from transforms.absolute_imports import AbsoluteImports
+from transforms.dropout_module import DropoutModule
+from transforms.fp16_clamp import Fp16Clamp
+from transforms.half_weight_cast import HalfWeightCast
+from transforms.hoist_modules import HoistModules
+from transforms.none_checks import NoneChecks
+from transforms.override_inherited import OverrideInherited
+from transforms.shift_right import FunctionalShiftRight
+from transforms.single_output import SingleOutput
+from transforms.size_varargs import SizeVarargs
+from transforms.specialize_arguments import SpecializeArguments
 
 REGISTRY = {
     "absolute_imports": AbsoluteImports,
+    "override_inherited": OverrideInherited,
+    "single_output": SingleOutput,
+    "specialize_arguments": SpecializeArguments,
+    "dropout_module": DropoutModule,
+    "hoist_modules": HoistModules,
+    "size_varargs": SizeVarargs,
+    "shift_right": FunctionalShiftRight,
+    "half_weight_cast": HalfWeightCast,
+    "fp16_clamp": Fp16Clamp,
+    "none_checks": NoneChecks,
 }

@@ -7,7 +7,11 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 import libcst as cst
-from libcst.codemod import VisitorBasedCodemodCommand
+from libcst.codemod import Codemod, VisitorBasedCodemodCommand
+
+# Set in a context's scratch by a pipeline that applies every transform's
+# scheduled import edits itself, once, after the last transform.
+DEFER_IMPORT_EDITS = "transforms.defer_import_edits"
 
 
 class Transform(VisitorBasedCodemodCommand):
@@ -18,7 +22,16 @@ class Transform(VisitorBasedCodemodCommand):
     much as parsing the file, once per transform.  The converter owns every
     tree it passes here (fresh from the parser or from the previous transform,
     which builds new nodes), so the copy buys nothing.
+
+    Import edits scheduled with ``AddImportsVisitor``/``RemoveImportsVisitor``
+    cost a full pass each; a pipeline may defer them (``DEFER_IMPORT_EDITS``)
+    and apply them all at once.
     """
+
+    def transform_module(self, tree: cst.Module) -> cst.Module:
+        if self.context.scratch.get(DEFER_IMPORT_EDITS):
+            return Codemod.transform_module(self, tree)
+        return super().transform_module(tree)
 
     @contextmanager
     def _handle_metadata_reference(self, module: cst.Module) -> Generator[cst.Module, None, None]:

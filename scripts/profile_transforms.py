@@ -1,0 +1,57 @@
+"""Print how long each transform of a recipe takes on the cached source (best of N)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import libcst as cst
+from libcst.codemod import CodemodContext
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from converter.fetch import Fetcher  # noqa: E402
+from converter.recipes import get_recipe  # noqa: E402
+from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor  # noqa: E402
+
+from transforms import REGISTRY  # noqa: E402
+from transforms.base import DEFER_IMPORT_EDITS  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--family", default="t5")
+    parser.add_argument("--version", default="4.5.1")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    recipe = get_recipe(args.family)
+    sources = Fetcher(recipe.package, args.version, REPO / "tests/fixtures/cache", "cache").fetch(recipe.members)
+    tree = cst.parse_module(sources[recipe.source].text)
+    supports = {m: sources[m].text for m in recipe.support}
+    total = 0.0
+    shared = CodemodContext(full_module_name=recipe.module_name,
+                            full_package_name=recipe.module_name.rpartition(".")[0],
+                            scratch={"support_sources": supports, DEFER_IMPORT_EDITS: True})
+    steps = [(s.name, lambda ctx, s=s: REGISTRY[s.name](ctx, **s.options)) for s in recipe.transforms]
+    steps += [("(import edits)", AddImportsVisitor), ("(import removals)", RemoveImportsVisitor)]
+    for name, make in steps:
+        best, result = float("inf"), tree
+        for _ in range(args.repeat):
+            scratch = dict(shared.scratch)
+            context = CodemodContext(full_module_name=shared.full_module_name,
+                                     full_package_name=shared.full_package_name, scratch=scratch)
+            start = time.perf_counter()
+            result = make(context).transform_module(tree)
+            best = min(best, time.perf_counter() - start)
+        shared.scratch.update(scratch)
+        tree, total = result, total + best
+        print(f"{name:24s} {best * 1000:8.1f} ms")
+    print(f"{'total':24s} {total * 1000:8.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Traceable forms of HuggingFace's float16 guards.
+
+Generated code calls these instead of branching on a dtype or on tensor data;
+its module registers them with ``torch.fx.wrap`` so symbolic tracing records
+each call as one leaf node, while torch.export traces through the body.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# HF keeps this margin below the float16 maximum so that the clamped values
+# survive the residual additions that follow without overflowing again.
+_FP16_CLAMP = torch.finfo(torch.float16).max - 1000
+
+
+def cast_to_half_weight(hidden_states: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Cast ``hidden_states`` to float16 when ``weight`` is float16, as T5LayerNorm does.
+
+    Same as ``if weight.dtype == torch.float16: hidden_states = hidden_states.to(torch.float16)``;
+    any other dtype returns ``hidden_states`` itself.
+    """
+    if weight.dtype == torch.float16:
+        return hidden_states.to(torch.float16)
+    return hidden_states
+
+
+def clamp_inf_fp16(hidden_states: torch.Tensor) -> torch.Tensor:
+    """Clamp a float16 tensor to +-(float16 max - 1000) when any of its elements is infinite.
+
+    Same values and gradients as HF's
+    ``if x.dtype == torch.float16 and torch.isinf(x).any(): x = torch.clamp(x, min=-c, max=c)``,
+    but the data-dependent branch is a ``torch.where`` on a 0-d condition, so
+    torch.export needs no guard on tensor data.  Other dtypes are returned as they are.
+    """
+    # The dtype is static under every tracer, so this branch is safe to take in Python.
+    if hidden_states.dtype != torch.float16:
+        return hidden_states
+    clamped = torch.clamp(hidden_states, min=-_FP16_CLAMP, max=_FP16_CLAMP)
+    return torch.where(torch.isinf(hidden_states).any(), clamped, hidden_states)

@@ -1,0 +1,106 @@
+import pytest
+
+from conftest import T5_SOURCE
+from transform_helpers import assert_rewrites, assert_unchanged, run
+from transforms.size_varargs import SizeVarargs
+
+
+def test_two_sizes_become_one_tuple() -> None:
+    assert_rewrites(SizeVarargs, "import torch\nm = torch.ones(a, b)\n",
+                    "import torch\nm = torch.ones((a, b))\n")
+
+
+def test_keywords_stay_after_the_tuple() -> None:
+    assert_rewrites(SizeVarargs, "import torch\nm = torch.zeros(a, b, c, device=d, dtype=torch.long)\n",
+                    "import torch\nm = torch.zeros((a, b, c), device=d, dtype=torch.long)\n")
+
+
+def test_every_default_factory() -> None:
+    before = "".join(f"import torch\nx = torch.{f}(a, b)\n" for f in ("ones", "zeros", "empty", "rand", "randn"))
+    assert_rewrites(SizeVarargs, before, before.replace("(a, b)", "((a, b))"))
+
+
+def test_aliases_resolve_by_qualified_name() -> None:
+    assert_rewrites(SizeVarargs, """\
+        import torch as th
+        from torch import zeros as z
+        x = th.ones(a, b)
+        y = z(a, b)
+        """, """\
+        import torch as th
+        from torch import zeros as z
+        x = th.ones((a, b))
+        y = z((a, b))
+        """)
+
+
+def test_multiline_call_keeps_its_layout() -> None:
+    assert_rewrites(SizeVarargs, """\
+        import torch
+        mask = torch.ones(
+            batch,  # rows
+            length, device=d,
+        )
+        """, """\
+        import torch
+        mask = torch.ones(
+            (batch,  # rows
+            length), device=d,
+        )
+        """)
+
+
+def test_nested_factory_calls_are_both_rewritten() -> None:
+    assert_rewrites(SizeVarargs, "import torch\nx = torch.ones(torch.zeros(a, b).size(0), n)\n",
+                    "import torch\nx = torch.ones((torch.zeros((a, b)).size(0), n))\n")
+
+
+def test_functions_option_replaces_the_list() -> None:
+    code = "import torch\nx = torch.ones(a, b)\ny = torch.empty(a, b)\n"
+    assert_rewrites(SizeVarargs, code, "import torch\nx = torch.ones(a, b)\ny = torch.empty((a, b))\n",
+                    functions=["torch.empty"])
+
+
+@pytest.mark.parametrize("code", [
+    "import torch\nx = torch.ones((a, b), device=d)\n",
+    "import torch\nx = torch.ones([a, b])\n",
+    "import torch\nx = torch.ones(a, device=d)\n",
+    "import torch\nx = torch.ones(*shape)\n",
+    "import torch\nx = torch.ones(a, *rest)\n",
+    "import torch\nx = torch.full(a, b)\n",
+    "x = y.new_ones(a, b)\nz = y.new_zeros(a, b)\n",
+    "def ones(a, b): ...\nx = ones(a, b)\n",
+    "import numpy as np\nx = np.ones(a, b)\n",
+    'import torch\nDOC = "torch.ones(a, b)"  # torch.ones(a, b)\n',
+])
+def test_left_alone(code: str) -> None:
+    assert_unchanged(SizeVarargs, code)
+
+
+def test_rewritten_call_traces_with_fx() -> None:
+    torch = pytest.importorskip("torch")
+    code = "import torch\ndef f(x):\n    return torch.ones(x.shape[0], x.shape[1], dtype=x.dtype) + x\n"
+
+    def traced(source: str) -> object:
+        namespace: dict = {}
+        exec(source, namespace)
+        return torch.fx.symbolic_trace(namespace["f"])
+
+    with pytest.raises(TypeError):
+        traced(code)
+    x = torch.randn(2, 3)
+    assert torch.equal(traced(run(SizeVarargs, code))(x), x + 1)
+
+
+def test_t5_source() -> None:
+    source = T5_SOURCE.read_text()
+    result = run(SizeVarargs, source)
+    compile(result, "modeling_t5.py", "exec")
+    before, after = source.splitlines(), result.splitlines()
+    assert len(before) == len(after)
+    assert [(old.strip(), new.strip()) for old, new in zip(before, after) if old != new] == [
+        ("attention_mask = torch.ones(batch_size, mask_seq_length).to(inputs_embeds.device)",
+         "attention_mask = torch.ones((batch_size, mask_seq_length)).to(inputs_embeds.device)"),
+        ("batch_size, encoder_seq_length, device=inputs_embeds.device, dtype=torch.long",
+         "(batch_size, encoder_seq_length), device=inputs_embeds.device, dtype=torch.long"),
+    ]

@@ -1,0 +1,97 @@
+"""HF's clamp of infinite float16 activations -> a call to the fx leaf ``clamp_inf_fp16``."""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import ScopeProvider
+
+from transforms.leaf_helper import FLOAT16, LeafHelperRewrite, block
+
+
+def _positional(value: m.BaseExpressionMatchType) -> m.Arg:
+    return m.Arg(value, keyword=None, star="")
+
+
+def _keyword(name: str, value: m.BaseExpressionMatchType) -> m.Arg:
+    return m.Arg(value, keyword=m.Name(name))
+
+
+class Fp16Clamp(LeafHelperRewrite):
+    """Replace HF's "clamp inf values to enable fp16 training" block with ``clamp_inf_fp16``.
+
+    The guard reads tensor data (``torch.isinf(x).any()``), which neither
+    ``symbolic_trace`` nor torch.export can branch on; the helper selects the
+    clamped tensor with ``torch.where`` instead.  Leading comments stay; a block
+    whose bound is read elsewhere is left alone with a warning.  Option ``module``
+    is where the generated code imports the helper from::
+
+        if hidden_states.dtype == torch.float16 and torch.isinf(hidden_states).any():  # before
+            clamp_value = torch.finfo(hidden_states.dtype).max - 1000
+            hidden_states = torch.clamp(hidden_states, min=-clamp_value, max=clamp_value)
+        hidden_states = clamp_inf_fp16(hidden_states)                                  # after
+    """
+
+    DESCRIPTION = "if x is float16 and has inf: clamp x -> x = clamp_inf_fp16(x)"
+    HELPER = "clamp_inf_fp16"
+
+    def _clamp_idiom(self, x: m.BaseExpressionMatchType, bound: m.BaseExpressionMatchType) -> m.If:
+        """``if x.dtype == torch.float16 and torch.isinf(x).any(): bound = ...; x = torch.clamp(x, ...)``."""
+        x_dtype = m.Attribute(value=x, attr=m.Name("dtype"))
+        is_half = m.Comparison(left=x_dtype, comparisons=[m.ComparisonTarget(m.Equal(), self.resolves_to(*FLOAT16))])
+        has_inf = m.Call(func=m.Attribute(value=m.Call(func=self.resolves_to("torch.isinf"), args=[_positional(x)]),
+                                          attr=m.Name("any")),
+                         args=[])
+        finfo_max = m.Attribute(value=m.Call(func=self.resolves_to("torch.finfo"), args=[_positional(x_dtype)]),
+                                attr=m.Name("max"))
+        bound_value = m.Assign(targets=[m.AssignTarget(bound)],
+                               value=m.BinaryOperation(left=finfo_max, operator=m.Subtract(), right=m.Integer("1000")))
+        low = m.UnaryOperation(operator=m.Minus(), expression=bound)
+        clamp_args = m.OneOf(
+            [_positional(x), _positional(low), _positional(bound)],
+            [_positional(x), _positional(low), _keyword("max", bound)],
+            [_positional(x), _keyword("min", low), _keyword("max", bound)],
+            [_positional(x), _keyword("max", bound), _keyword("min", low)],
+        )
+        clamp = m.Assign(targets=[m.AssignTarget(x)],
+                         value=m.Call(func=self.resolves_to("torch.clamp"), args=clamp_args))
+        return m.If(test=m.BooleanOperation(left=is_half, operator=m.And(), right=has_inf),
+                    body=block(bound_value, clamp), orelse=None)
+
+    def rewrite(self, node: cst.If) -> cst.Assign | None:
+        names = self._idiom_names(node)
+        if names is None:
+            return None
+        x, bound = names
+        if self._read_outside_idioms(bound):
+            self.warn(f"fp16 clamp of {x.value!r} kept: {bound.value!r} is read outside the block")
+            return None
+        return cst.Assign(targets=[cst.AssignTarget(cst.Name(x.value))], value=self.helper_call(cst.Name(x.value)))
+
+    def _idiom_names(self, node: cst.If) -> tuple[cst.Name, cst.Name] | None:
+        """The clamped variable and the assigned bound, if ``node`` is the idiom."""
+        found = self.extract(node, self._clamp_idiom(m.SaveMatchedNode(m.Name(), "x"),
+                                                     m.SaveMatchedNode(m.Name(), "bound")))
+        if found is None:
+            return None
+        x, bound = found["x"], found["bound"]
+        assert isinstance(x, cst.Name) and isinstance(bound, cst.Name)
+        # The first match saved one occurrence of each; this one requires all to agree.
+        if x.value == bound.value or not self.matches(node, self._clamp_idiom(m.Name(x.value),
+                                                                              m.Name(bound.value))):
+            return None
+        return x, bound
+
+    def _read_outside_idioms(self, bound: cst.Name) -> bool:
+        """Whether a variable named like ``bound`` is read anywhere but inside a clamp idiom.
+
+        Scope analysis is flow-insensitive: every clamp block of a function
+        assigns and reads the same name, but only its own assignment reaches
+        its read, so reads inside clamp blocks are harmless.
+        """
+        scope = self.get_metadata(ScopeProvider, bound)
+        idiom_reads = {id(read) for idiom in m.findall(scope.node, m.If())
+                       if (names := self._idiom_names(idiom)) is not None and names[1].value == bound.value
+                       for read in m.findall(idiom, m.Name(bound.value))}
+        return any(id(access.node) not in idiom_reads
+                   for assignment in scope.assignments[bound.value] for access in assignment.references)

@@ -1,0 +1,140 @@
+"""Shared machinery of transforms that replace an ``if`` idiom by a call to an fx leaf helper."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor
+from libcst.metadata import ScopeProvider
+
+from transforms.base import Transform
+
+
+FLOAT16 = ("torch.float16", "torch.half")
+
+
+def block(*statements: m.BaseSmallStatementMatchType) -> m.BaseSuiteMatchType:
+    """Matches a suite made of exactly ``statements``, indented or on the header line."""
+    return m.OneOf(
+        m.IndentedBlock(body=[m.SimpleStatementLine(body=[statement]) for statement in statements]),
+        m.SimpleStatementSuite(body=list(statements)),
+    )
+
+
+def _is_import(statement: cst.CSTNode) -> bool:
+    return m.matches(statement, m.SimpleStatementLine(body=[m.AtLeastN(m.Import() | m.ImportFrom(), n=1)]))
+
+
+class LeafHelperRewrite(Transform):
+    """Base of transforms that turn an ``if`` statement into ``x = HELPER(...)``.
+
+    A subclass names its helper in ``HELPER`` and implements :meth:`rewrite`.
+    This class swaps the statement, keeps its comments, imports the helper from
+    the ``module`` option, and adds ``torch.fx.wrap("HELPER")`` once after the
+    module's imports: fx patches the globals of the module that calls ``wrap``,
+    so the registration must live in the rewritten module itself.
+    """
+
+    HELPER: ClassVar[str]
+    # Qualified names come straight from the scopes: QualifiedNameProvider computes the same thing but
+    # first walks the whole file to wrap every node, which doubles the metadata cost on modeling_t5.py.
+    METADATA_DEPENDENCIES: ClassVar[Sequence[type]] = (ScopeProvider,)
+
+    def __init__(self, context: CodemodContext, module: str = "stateless") -> None:
+        super().__init__(context)
+        self.helper_module = module
+        self.rewritten = False
+
+    def rewrite(self, node: cst.If) -> cst.Assign | None:
+        """The assignment that replaces ``node`` (an original-tree node), or None to keep it."""
+        raise NotImplementedError
+
+    def resolves_to(self, *names: str) -> m.MatchIfTrue:
+        """Matches an expression naming one of ``names``, whatever alias imported it."""
+        wanted = frozenset(names)
+
+        def resolves(node: cst.CSTNode) -> bool:
+            scope = self.get_metadata(ScopeProvider, node, None)
+            return scope is not None and any(name.name in wanted for name in scope.get_qualified_names_for(node))
+        return m.MatchIfTrue(resolves)
+
+    def helper_call(self, *args: cst.BaseExpression) -> cst.Call:
+        return cst.Call(func=cst.Name(self.HELPER), args=[cst.Arg(arg) for arg in args])
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+        # The idioms are compound statements: a simple statement cannot hold one.
+        return False
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock,
+                            updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        body = self._rewrite_statements(original_node.body, updated_node.body)
+        return updated_node if body is None else updated_node.with_changes(body=body)
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        body = self._rewrite_statements(original_node.body, updated_node.body)
+        if body is not None:
+            updated_node = updated_node.with_changes(body=body)
+        if not self.rewritten:
+            return updated_node
+        AddImportsVisitor.add_needed_import(self.context, "torch")
+        AddImportsVisitor.add_needed_import(self.context, self.helper_module, self.HELPER)
+        return self._with_fx_wrap(original_node, updated_node)
+
+    def _rewrite_statements(self, original: Sequence[cst.BaseStatement],
+                            updated: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement] | None:
+        """``updated`` with its idioms replaced, or None when it has none.
+
+        Working on statement lists rather than in ``leave_If`` leaves elifs
+        alone, which are no statements of their own.  Each statement keeps its
+        index, since nested rewrites replace statements one for one.
+        """
+        statements = list(updated)
+        changed = False
+        for index, statement in enumerate(original):
+            assignment = self.rewrite(statement) if isinstance(statement, cst.If) else None
+            if assignment is not None:
+                statements[index] = _replacement(statement, assignment)
+                changed = True
+        self.rewritten |= changed
+        return statements if changed else None
+
+    def _with_fx_wrap(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        """``updated_node`` with ``torch.fx.wrap("HELPER")`` after its imports, unless it has one."""
+        statements = original_node.body
+        if any(self.matches(statement, self._fx_wrap(self.HELPER)) for statement in statements):
+            return updated_node
+        imports = [index for index, statement in enumerate(statements) if _is_import(statement)]
+        position = imports[-1] + 1 if imports else int(bool(statements) and _is_docstring(statements[0]))
+        wrap = cst.parse_statement(f'torch.fx.wrap("{self.HELPER}")\n')
+        if imports:
+            wrap = wrap.with_changes(leading_lines=[cst.EmptyLine()])
+        # Join the registrations already there, so that they read as one group.
+        while position < len(statements) and self.matches(statements[position], self._fx_wrap()):
+            position += 1
+            wrap = wrap.with_changes(leading_lines=())
+        # Rewrites replace statements one for one, so original indices hold in the updated body.
+        body = list(updated_node.body)
+        body.insert(position, wrap)
+        return updated_node.with_changes(body=body)
+
+    def _fx_wrap(self, name: str | None = None) -> m.SimpleStatementLine:
+        """Matches a top-level ``torch.fx.wrap("name")`` (any name when None)."""
+        string = m.SimpleString() if name is None else m.MatchIfTrue(
+            lambda node: isinstance(node, cst.SimpleString) and node.evaluated_value == name)
+        return m.SimpleStatementLine(body=[m.Expr(m.Call(func=self.resolves_to("torch.fx.wrap"),
+                                                         args=[m.Arg(string)]))])
+
+
+def _replacement(idiom: cst.If, assignment: cst.Assign) -> cst.SimpleStatementLine:
+    """The line that replaces ``idiom``, with the comments that were inside it above."""
+    inner = m.findall(idiom.with_changes(leading_lines=()), m.Comment())
+    hoisted = [cst.EmptyLine(comment=comment) for comment in inner if isinstance(comment, cst.Comment)]
+    return cst.SimpleStatementLine(body=[assignment], leading_lines=[*idiom.leading_lines, *hoisted])
+
+
+def _is_docstring(statement: cst.CSTNode) -> bool:
+    return m.matches(statement, m.SimpleStatementLine(body=[m.Expr(m.SimpleString() | m.ConcatenatedString())]))

@@ -1,0 +1,100 @@
+"""Copy inherited methods from a support file of the same release into a class."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Sequence
+
+import libcst as cst
+from libcst.codemod.visitors import AddImportsVisitor
+
+from transforms.base import Transform
+from transforms.folding import bound_names, module_imports, names_read
+
+_BUILTINS = frozenset(dir(builtins)) | {"self"}
+
+
+class OverrideInherited(Transform):
+    """Give a class its own copy of methods it inherits from another file of the release.
+
+    Some tracer blockers live in base classes outside the modeling file (HF's
+    ``ModuleUtilsMixin.get_extended_attention_mask`` branches on
+    ``attention_mask.dim()``).  Later transforms can only fix code that is in the
+    generated file, so the methods are copied verbatim from the same release's
+    source (a recipe support file, never hand-written text) into the class that
+    uses them, and the names they need are imported the way the support file
+    imports them::
+
+        class T5PreTrainedModel(PreTrainedModel):            # before
+            ...
+
+        class T5PreTrainedModel(PreTrainedModel):            # after
+            ...
+            # Copied from transformers/modeling_utils.py ModuleUtilsMixin.get_extended_attention_mask
+            def get_extended_attention_mask(self, attention_mask: Tensor, ...) -> Tensor:
+                ...
+
+    A class that already defines a method keeps its own, so rerunning is a no-op.
+    """
+
+    DESCRIPTION = "copy inherited methods from the release's support files into a class"
+
+    def __init__(self, context: cst.codemod.CodemodContext, source: str, from_class: str, into: str,
+                 methods: Sequence[str]) -> None:
+        super().__init__(context)
+        supports = context.scratch.get("support_sources", {})
+        if source not in supports:
+            raise ValueError(f"override_inherited: support file {source} was not fetched (list it in the recipe)")
+        self.source = source
+        self.into = into
+        self.from_class = from_class
+        self.methods = list(methods)
+        self.support = cst.parse_module(supports[source])
+        self.support_imports = module_imports(self.support)
+        found = {}
+        for statement in self.support.body:
+            if isinstance(statement, cst.ClassDef) and statement.name.value == from_class:
+                found = {f.name.value: f for f in statement.body.body if isinstance(f, cst.FunctionDef)}
+        missing = [name for name in self.methods if name not in found]
+        if missing:
+            raise ValueError(f"override_inherited: {source} has no {from_class}.{', '.join(missing)}")
+        self.copies = {name: found[name] for name in self.methods}
+
+    def _schedule_imports(self, method: cst.FunctionDef) -> None:
+        params = [*method.params.posonly_params, *method.params.params, *method.params.kwonly_params]
+        # Annotations, defaults and decorators are evaluated in the module's scope,
+        # even where a parameter has the same name (`device: device`).
+        header: set[str] = set()
+        for node in [*(p.annotation for p in params), *(p.default for p in params), method.returns,
+                     *method.decorators]:
+            if node is not None:
+                header |= names_read(node)
+        body = names_read(method.body) - bound_names(method.body) - {p.name.value for p in params}
+        for name in sorted((header | body) - _BUILTINS):
+            if name not in self.support_imports:
+                raise ValueError(f"override_inherited: {self.from_class}.{method.name.value} uses {name}, "
+                                 f"which {self.source} defines itself; cannot copy it")
+            module, obj = self.support_imports[name]
+            AddImportsVisitor.add_needed_import(self.context, module, obj)
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return False  # methods are added whole; nothing inside any class is rewritten
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
+        if updated_node.name.value != self.into:
+            return updated_node
+        existing = {f.name.value for f in updated_node.body.body if isinstance(f, cst.FunctionDef)}
+        added = []
+        for name, method in self.copies.items():
+            if name in existing:
+                continue
+            self._schedule_imports(method)
+            note = cst.EmptyLine(comment=cst.Comment(f"# Copied from {self.source} {self.from_class}.{name}"))
+            added.append(method.with_changes(leading_lines=[cst.EmptyLine(indent=False), note]))
+        if not added:
+            return updated_node
+        return updated_node.with_changes(body=updated_node.body.with_changes(
+            body=[*updated_node.body.body, *added]))

@@ -1,0 +1,74 @@
+"""Give tensor factories their size as one tuple instead of ``*size`` varargs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import libcst as cst
+from libcst.codemod import CodemodContext
+from libcst.metadata import QualifiedNameProvider
+
+from transforms.base import Transform
+
+FACTORIES = ("torch.ones", "torch.zeros", "torch.empty", "torch.rand", "torch.randn")
+
+
+class SizeVarargs(Transform):
+    """Pack the positional sizes of ``torch.ones``-style factories into one tuple.
+
+    torch.fx replaces these factories while tracing with wrappers whose only
+    positional parameter is the size, so the varargs spelling fails as soon as a
+    size is a Proxy; the tuple spelling means the same thing eagerly and traces.
+    Calls are matched by qualified name (option ``functions``, default: ones,
+    zeros, empty, rand and randn of ``torch``), so aliases are found too; a
+    call whose first positional argument is already a tuple or list, a starred
+    call and a one-size call are left alone, as are ``Tensor.new_ones``-style
+    methods::
+
+        mask = torch.ones(batch, length, device=d)    # before
+        mask = torch.ones((batch, length), device=d)  # after
+    """
+
+    DESCRIPTION = "torch.ones(a, b) and similar factories -> torch.ones((a, b))"
+    METADATA_DEPENDENCIES = (QualifiedNameProvider,)
+
+    def __init__(self, context: CodemodContext, functions: Iterable[str] = FACTORIES) -> None:
+        super().__init__(context)
+        self.functions = frozenset(functions)
+
+    # Imports, annotations and strings never hold a factory call worth rewriting.
+    def visit_Import(self, node: cst.Import) -> bool:
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        return False
+
+    def visit_Annotation(self, node: cst.Annotation) -> bool:
+        return False
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> bool:
+        return False
+
+    def visit_ConcatenatedString(self, node: cst.ConcatenatedString) -> bool:
+        return False
+
+    def visit_FormattedString(self, node: cst.FormattedString) -> bool:
+        return False
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        args = updated_node.args
+        if any(arg.star == "*" for arg in args):
+            return updated_node
+        count = next((i for i, arg in enumerate(args) if arg.keyword is not None or arg.star), len(args))
+        if count < 2 or isinstance(args[0].value, (cst.Tuple, cst.List)):
+            return updated_node
+        names = self.get_metadata(QualifiedNameProvider, original_node, set())
+        if not any(name.name in self.functions for name in names):
+            return updated_node
+        sizes, last = args[:count - 1], args[count - 1]
+        # Each comma keeps its own whitespace, so multi-line calls keep their layout.
+        elements = [cst.Element(value=arg.value, comma=arg.comma) for arg in sizes]
+        elements.append(cst.Element(value=last.value))
+        packed = cst.Arg(value=cst.Tuple(elements=elements), comma=last.comma,
+                         whitespace_after_arg=last.whitespace_after_arg)
+        return updated_node.with_changes(args=(packed, *args[count:]))
