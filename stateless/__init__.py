@@ -2,5 +2,27 @@
 
 from stateless.checks import is_None, is_not_None
 from stateless.fp16 import cast_to_half_weight, clamp_inf_fp16
+from stateless.layers import StatelessEmbedding, StatelessLinear
+from stateless.sharing import (
+    call_shared,
+    is_stateless,
+    make_stateful,
+    make_stateless,
+    shared_weight,
+    stateful_state_dict,
+)
 
-__all__ = ["cast_to_half_weight", "clamp_inf_fp16", "is_None", "is_not_None"]
+__all__ = [
+    "StatelessEmbedding",
+    "StatelessLinear",
+    "call_shared",
+    "cast_to_half_weight",
+    "clamp_inf_fp16",
+    "is_None",
+    "is_not_None",
+    "is_stateless",
+    "make_stateful",
+    "make_stateless",
+    "shared_weight",
+    "stateful_state_dict",
+]

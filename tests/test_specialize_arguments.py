@@ -354,6 +354,7 @@ def test_recipe_values_must_be_literals() -> None:
 FACTS = {"constants": {}, "facts": [
     {"expression": "mask.dim()", "value": "2", "reason": "mask must be 2-D"},
     {"expression": "x.shape[0] + 1", "value": "3", "reason": "three"},
+    {"expression": "x.is_cuda", "value": "False", "reason": "cpu only"},
     {"expression": "a.shape[1] < b.shape[1]", "value": "False", "reason": "no prefix"},
 ]}
 
@@ -385,6 +386,19 @@ def test_fact_guard_on_an_operator_expression_is_parenthesized_not_chained() -> 
         """, **FACTS)
 
 
+def test_false_non_comparison_fact_is_guarded_by_sym_not() -> None:
+    rewrites("""\
+        def f(x):
+            if x.is_cuda:
+                x = x.cpu()
+            return x
+        """, """\
+        def f(x):
+            torch._assert(torch.sym_not(x.is_cuda), 'cpu only')
+            return x
+        """, **FACTS)
+
+
 def test_fact_guard_is_not_repeated_once_it_dominates() -> None:
     rewrites("""\
         def f(mask):
@@ -401,7 +415,7 @@ def test_fact_guard_is_not_repeated_once_it_dominates() -> None:
         """, **FACTS)
 
 
-def test_false_fact_guard_uses_sym_not_which_every_tracer_records() -> None:
+def test_false_comparison_fact_is_guarded_by_its_inverse() -> None:
     rewrites("""\
         def f(a, b):
             if a.shape[1] < b.shape[1]:
@@ -409,7 +423,7 @@ def test_false_fact_guard_uses_sym_not_which_every_tracer_records() -> None:
             return a
         """, """\
         def f(a, b):
-            torch._assert(torch.sym_not(a.shape[1] < b.shape[1]), 'no prefix')
+            torch._assert(a.shape[1] >= b.shape[1], 'no prefix')
             return a
         """, **FACTS)
 

@@ -7,6 +7,7 @@ from transforms.half_weight_cast import HalfWeightCast
 from transforms.hoist_modules import HoistModules
 from transforms.none_checks import NoneChecks
 from transforms.override_inherited import OverrideInherited
+from transforms.shared_weight import SharedWeight
 from transforms.shift_right import FunctionalShiftRight
 from transforms.single_output import SingleOutput
 from transforms.size_varargs import SizeVarargs
@@ -17,6 +18,7 @@ REGISTRY = {
     "override_inherited": OverrideInherited,
     "single_output": SingleOutput,
     "specialize_arguments": SpecializeArguments,
+    "shared_weight": SharedWeight,
     "dropout_module": DropoutModule,
     "hoist_modules": HoistModules,
     "size_varargs": SizeVarargs,

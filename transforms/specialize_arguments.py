@@ -367,14 +367,19 @@ class _Fact:
     def guard(self) -> cst.SimpleStatementLine:
         """``torch._assert(<check>, reason)``, in a form every tracer records.
 
-        ``not x`` would force a Proxy to bool under fx, and ``x == False`` is
-        unsupported on export's symbolic booleans; ``torch.sym_not`` works in
-        eager, fx and export alike.
+        ``not x`` would force a Proxy to bool under fx, ``x == False`` is
+        unsupported on export's symbolic booleans, and strict export cannot
+        trace ``torch.sym_not`` of a plain bool: a false comparison is guarded
+        by its inverse, anything else by ``torch.sym_not``.
         """
         subject = self.expression.deep_clone()
         value = literal_value(self.value)
         if value is True:
             check: cst.BaseExpression = subject
+        elif value is False and _invertible(subject):
+            target = subject.comparisons[0]
+            inverse = _INVERSE[type(target.operator)]()
+            check = subject.with_changes(comparisons=[target.with_changes(operator=inverse)])
         elif value is False:
             check = cst.Call(cst.parse_expression("torch.sym_not"), [cst.Arg(subject)])
         else:
@@ -384,6 +389,16 @@ class _Fact:
         call = cst.Call(cst.parse_expression("torch._assert"),
                         [cst.Arg(check), cst.Arg(cst.SimpleString(repr(self.reason)))])
         return cst.SimpleStatementLine([cst.Expr(call)])
+
+
+_INVERSE: dict[type, type] = {cst.LessThan: cst.GreaterThanEqual, cst.GreaterThanEqual: cst.LessThan,
+                              cst.GreaterThan: cst.LessThanEqual, cst.LessThanEqual: cst.GreaterThan,
+                              cst.Equal: cst.NotEqual, cst.NotEqual: cst.Equal}
+
+
+def _invertible(node: cst.BaseExpression) -> bool:
+    return (isinstance(node, cst.Comparison) and len(node.comparisons) == 1
+            and type(node.comparisons[0].operator) in _INVERSE)
 
 
 _ASSERT_CALL = cst.parse_expression("torch._assert")

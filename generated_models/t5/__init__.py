@@ -2,6 +2,6 @@
 # source: transformers 4.5.1, transformers/models/t5/modeling_t5.py
 # sha256: ea7cf4935101e821786a3de75072a9c87b9d3ad864596214a0f8d5ff89940200
 # support: transformers/modeling_utils.py sha256 657c24023a1f869c7b76d1d805577ac9d531eb05baa6ab15f8f446a786434348
-# transforms: absolute_imports, override_inherited, single_output, specialize_arguments, dropout_module, hoist_modules, size_varargs, shift_right, half_weight_cast, fp16_clamp, none_checks
+# transforms: absolute_imports, override_inherited, single_output, specialize_arguments, shared_weight, dropout_module, hoist_modules, size_varargs, shift_right, half_weight_cast, fp16_clamp, none_checks
 # regenerate: convert-model t5 --version 4.5.1
 """Generated t5 models."""

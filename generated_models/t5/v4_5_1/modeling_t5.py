@@ -2,7 +2,7 @@
 # source: transformers 4.5.1, transformers/models/t5/modeling_t5.py
 # sha256: ea7cf4935101e821786a3de75072a9c87b9d3ad864596214a0f8d5ff89940200
 # support: transformers/modeling_utils.py sha256 657c24023a1f869c7b76d1d805577ac9d531eb05baa6ab15f8f446a786434348
-# transforms: absolute_imports, override_inherited, single_output, specialize_arguments, dropout_module, hoist_modules, size_varargs, shift_right, half_weight_cast, fp16_clamp, none_checks
+# transforms: absolute_imports, override_inherited, single_output, specialize_arguments, shared_weight, dropout_module, hoist_modules, size_varargs, shift_right, half_weight_cast, fp16_clamp, none_checks
 # regenerate: convert-model t5 --version 4.5.1
 
 # coding=utf-8
@@ -50,6 +50,7 @@ from transformers.modeling_utils import PreTrainedModel, find_pruneable_heads_an
 from transformers.utils import logging
 from transformers.utils.model_parallel_utils import assert_device_map, get_device_map
 from transformers.models.t5.configuration_t5 import T5Config
+import stateless
 from stateless import cast_to_half_weight, clamp_inf_fp16, is_None, is_not_None
 from typing import Tuple
 
@@ -743,7 +744,7 @@ class T5PreTrainedModel(PreTrainedModel):
             # causal and attention masks must have same type with pytorch version < 1.3
             causal_mask = causal_mask.to(attention_mask.dtype)
 
-            torch._assert(torch.sym_not(causal_mask.shape[1] < attention_mask.shape[1]), 'without a key/value cache the mask must not be longer than the sequence')
+            torch._assert(causal_mask.shape[1] >= attention_mask.shape[1], 'without a key/value cache the mask must not be longer than the sequence')
 
             extended_attention_mask = causal_mask[:, None, :, :] * attention_mask[:, None, None, :]
         else:
@@ -849,6 +850,7 @@ class T5Stack(T5PreTrainedModel):
 
     def forward(
         self,
+        shared_embedding,
         input_ids=None,
         attention_mask=None,
         encoder_hidden_states=None,
@@ -876,7 +878,7 @@ class T5Stack(T5PreTrainedModel):
 
         if is_None(inputs_embeds):
             assert is_not_None(self.embed_tokens), "You have to initialize the model with valid token embeddings"
-            inputs_embeds = self.embed_tokens(input_ids)
+            inputs_embeds = stateless.call_shared(self.embed_tokens, shared_embedding, input_ids)
 
         batch_size, seq_length = input_shape
 
@@ -1237,7 +1239,7 @@ class T5Model(T5PreTrainedModel):
         # Encode if needed (training, first prediction pass)
         if is_None(encoder_outputs):
             encoder_outputs = self.encoder(
-                input_ids=input_ids,
+                stateless.shared_weight(self, "shared", "shared_embed_weight"), input_ids=input_ids,
                 attention_mask=attention_mask,
                 inputs_embeds=inputs_embeds,
             )
@@ -1258,7 +1260,7 @@ class T5Model(T5PreTrainedModel):
 
         # Decode
         decoder_outputs = self.decoder(
-            input_ids=decoder_input_ids,
+            stateless.shared_weight(self, "shared", "shared_embed_weight"), input_ids=decoder_input_ids,
             attention_mask=decoder_attention_mask,
             inputs_embeds=decoder_inputs_embeds,
             encoder_hidden_states=hidden_states,
@@ -1266,6 +1268,28 @@ class T5Model(T5PreTrainedModel):
         )
 
         return decoder_outputs[0]
+
+    def make_stateless(self):
+        """Make the shared embedding one top-level parameter, shared_embed_weight, used by stateless layers.
+
+        For pipeline partitioners; a no-op if already stateless. stateful_state_dict() and
+        make_stateful() give the stock layout (HF state-dict keys) back.
+        """
+        return stateless.make_stateless(
+            self,
+            shared="shared",
+            weight="shared_embed_weight",
+            users=("encoder.embed_tokens", "decoder.embed_tokens"),
+            tied_linear=None,
+        )
+
+    def make_stateful(self):
+        """Undo make_stateless(): the stock module layout, sharing the same parameter."""
+        return stateless.make_stateful(self)
+
+    def stateful_state_dict(self):
+        """The state dict with stock HF keys, in either form."""
+        return stateless.stateful_state_dict(self)
 
 
 @add_start_docstrings("""T5 Model with a `language modeling` head on top. """, T5_START_DOCSTRING)
@@ -1392,7 +1416,7 @@ class T5ForConditionalGeneration(T5PreTrainedModel):
         if is_None(encoder_outputs):
             # Convert encoder inputs in embeddings if needed
             encoder_outputs = self.encoder(
-                input_ids=input_ids,
+                stateless.shared_weight(self, "shared", "shared_embed_weight"), input_ids=input_ids,
                 attention_mask=attention_mask,
                 inputs_embeds=inputs_embeds,
             )
@@ -1419,7 +1443,7 @@ class T5ForConditionalGeneration(T5PreTrainedModel):
 
         # Decode
         decoder_outputs = self.decoder(
-            input_ids=decoder_input_ids,
+            stateless.shared_weight(self, "shared", "shared_embed_weight"), input_ids=decoder_input_ids,
             attention_mask=decoder_attention_mask,
             inputs_embeds=decoder_inputs_embeds,
             encoder_hidden_states=hidden_states,
@@ -1439,7 +1463,7 @@ class T5ForConditionalGeneration(T5PreTrainedModel):
             # See https://github.com/tensorflow/mesh/blob/fa19d69eafc9a482aff0b59ddd96b025c0cb207d/mesh_tensorflow/transformer/transformer.py#L586
             sequence_output = sequence_output * (self.model_dim ** -0.5)
 
-        lm_logits = self.lm_head(sequence_output)
+        lm_logits = stateless.call_shared(self.lm_head, stateless.shared_weight(self, "shared", "shared_embed_weight"), sequence_output)
 
         loss = None
         if is_not_None(labels):
@@ -1491,6 +1515,28 @@ class T5ForConditionalGeneration(T5PreTrainedModel):
 
             reordered_decoder_past = reordered_decoder_past + (reordered_layer_past_states,)
         return reordered_decoder_past
+
+    def make_stateless(self):
+        """Make the shared embedding one top-level parameter, shared_embed_weight, used by stateless layers.
+
+        For pipeline partitioners; a no-op if already stateless. stateful_state_dict() and
+        make_stateful() give the stock layout (HF state-dict keys) back.
+        """
+        return stateless.make_stateless(
+            self,
+            shared="shared",
+            weight="shared_embed_weight",
+            users=("encoder.embed_tokens", "decoder.embed_tokens"),
+            tied_linear="lm_head" if self.config.tie_word_embeddings else None,
+        )
+
+    def make_stateful(self):
+        """Undo make_stateless(): the stock module layout, sharing the same parameter."""
+        return stateless.make_stateful(self)
+
+    def stateful_state_dict(self):
+        """The state dict with stock HF keys, in either form."""
+        return stateless.stateful_state_dict(self)
 
 
 @add_start_docstrings(
@@ -1576,9 +1622,31 @@ class T5EncoderModel(T5PreTrainedModel):
         """
 
         encoder_outputs = self.encoder(
-            input_ids=input_ids,
+            stateless.shared_weight(self, "shared", "shared_embed_weight"), input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
         )
 
         return encoder_outputs[0]
+
+    def make_stateless(self):
+        """Make the shared embedding one top-level parameter, shared_embed_weight, used by stateless layers.
+
+        For pipeline partitioners; a no-op if already stateless. stateful_state_dict() and
+        make_stateful() give the stock layout (HF state-dict keys) back.
+        """
+        return stateless.make_stateless(
+            self,
+            shared="shared",
+            weight="shared_embed_weight",
+            users=("encoder.embed_tokens",),
+            tied_linear=None,
+        )
+
+    def make_stateful(self):
+        """Undo make_stateless(): the stock module layout, sharing the same parameter."""
+        return stateless.make_stateful(self)
+
+    def stateful_state_dict(self):
+        """The state dict with stock HF keys, in either form."""
+        return stateless.stateful_state_dict(self)

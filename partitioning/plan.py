@@ -1,0 +1,111 @@
+"""The plan: an ordered chain of blocks split into contiguous stages (the contract between
+costing, the partitioner and every placement backend)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class PlanError(Exception):
+    """A plan that cannot be built or used: reported as one line, exit code 2."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """One candidate unit of a stage, in execution order.
+
+    ``modules`` are the fully qualified names of the submodules the block runs
+    (the first is where a stage starting at this block begins).  Costs are per
+    micro-batch: forward FLOPs, parameter bytes (shared weights counted where
+    they are first used), and the bytes of every tensor that crosses from this
+    block to any later block (``out_bytes``): everything live across the cut
+    right after this block, whether this block made it or only passes it on
+    (``crossing`` describes each of those tensors).
+    """
+
+    name: str
+    modules: tuple[str, ...]
+    flops: float
+    param_bytes: int
+    out_bytes: int
+    activation_bytes: int = 0  # saved for backward, per micro-batch
+    seconds: float | None = None  # measured wall time, when asked for
+    shared: tuple[str, ...] = ()  # names of shared weights this block uses
+    crossing: tuple[str, ...] = ()  # "name: dtype[shape]" of each tensor counted in out_bytes
+
+    @property
+    def first_module(self) -> str:
+        return self.modules[0]
+
+
+@dataclass(frozen=True)
+class Stage:
+    index: int
+    blocks: tuple[str, ...]
+    compute: float  # predicted seconds per micro-batch, forward + backward
+    communication: float  # predicted seconds to send this stage's output
+    memory_bytes: int
+
+    @property
+    def cost(self) -> float:
+        return self.compute + self.communication
+
+
+@dataclass
+class Plan:
+    model: dict[str, Any]  # family, version, class, shape name, config used for costing
+    blocks: list[Block]
+    stages: list[Stage]
+    settings: dict[str, Any] = field(default_factory=dict)  # bandwidth, memory limit, schedule...
+
+    @property
+    def bottleneck(self) -> float:
+        return max(stage.cost for stage in self.stages)
+
+    @property
+    def ideal(self) -> float:
+        """Perfect balance of compute alone: the bound no contiguous split can beat."""
+        return sum(stage.compute for stage in self.stages) / len(self.stages)
+
+    @property
+    def ratio(self) -> float:
+        return self.bottleneck / self.ideal if self.ideal else float("inf")
+
+    def stage_of(self, block_name: str) -> int:
+        for stage in self.stages:
+            if block_name in stage.blocks:
+                return stage.index
+        raise PlanError(f"unknown block name {block_name!r}")
+
+    def validate(self) -> None:
+        """Every stage names known blocks, and the stages cover the chain once, in order."""
+        known = [block.name for block in self.blocks]
+        for stage in self.stages:
+            for name in stage.blocks:
+                if name not in known:
+                    raise PlanError(f"stage {stage.index} names unknown block {name!r}")
+        if [s.index for s in self.stages] != list(range(len(self.stages))):
+            raise PlanError(f"stage indices must be 0..{len(self.stages) - 1}")
+        listed = [name for stage in self.stages for name in stage.blocks]
+        if listed != known or any(not stage.blocks for stage in self.stages):
+            raise PlanError("the stages must cover every block once, in chain order, with no empty stage")
+
+    def to_json(self) -> str:
+        data = {"model": self.model, "settings": self.settings,
+                "blocks": [asdict(b) for b in self.blocks], "stages": [asdict(s) for s in self.stages],
+                "bottleneck": self.bottleneck, "ideal": self.ideal, "ratio": self.ratio}
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        try:
+            data = json.loads(text)
+            blocks = [Block(**{**b, "modules": tuple(b["modules"]), "shared": tuple(b.get("shared", ())),
+                                "crossing": tuple(b.get("crossing", ()))})
+                      for b in data["blocks"]]
+            stages = [Stage(**{**s, "blocks": tuple(s["blocks"])}) for s in data["stages"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PlanError(f"not a plan file: {exc}") from None
+        return cls(data["model"], blocks, stages, data.get("settings", {}))

@@ -1,0 +1,130 @@
+"""Turn a model's shared weight into one top-level parameter, and back.
+
+Generated models call these from their ``make_stateless``/``make_stateful``
+methods with recipe data (which module holds the shared weight, which modules
+use it).  The stateless form keeps exactly one ``nn.Parameter`` (the same
+object, so optimizer state survives) and every former user becomes a stateless
+layer that receives it as its first forward argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from stateless.layers import StatelessEmbedding, StatelessLinear
+
+
+@dataclass(frozen=True)
+class SharedWeightSpec:
+    shared: str  # the attribute holding the shared nn.Embedding in the stateful form
+    weight: str  # the top-level parameter in the stateless form
+    users: tuple[str, ...]  # submodules that are the shared embedding in the stateful form
+    tied_linear: str | None  # a Linear whose weight is the same parameter (tied LM head)
+    hf_keys: tuple[str, ...]  # the state-dict keys the stateful form stores the weight under
+    module_order: tuple[str, ...]  # the owner's submodule order, restored by make_stateful
+
+
+def _spec(model: nn.Module) -> SharedWeightSpec | None:
+    return model.__dict__.get("_shared_weight_spec")
+
+
+def is_stateless(model: nn.Module) -> bool:
+    return _spec(model) is not None
+
+
+def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
+
+
+def make_stateless(model: nn.Module, *, shared: str, weight: str, users: Sequence[str],
+                   tied_linear: str | None = None) -> nn.Module:
+    """Give ``model`` its stateless form; a no-op when it already has it."""
+    if is_stateless(model):
+        return model
+    embedding = model.get_submodule(shared)
+    if not isinstance(embedding, nn.Embedding):
+        raise TypeError(f"make_stateless: {shared} is a {type(embedding).__name__}, not an nn.Embedding")
+    parameter = embedding.weight
+    for name in users:
+        if model.get_submodule(name) is not embedding:
+            raise ValueError(f"make_stateless: {name} is not the shared embedding {shared}")
+    keys = [shared + ".weight", *(name + ".weight" for name in users)]
+    if tied_linear is not None:
+        linear = model.get_submodule(tied_linear)
+        if not isinstance(linear, nn.Linear) or linear.weight is not parameter:
+            raise ValueError(f"make_stateless: {tied_linear} does not share {shared}'s weight")
+        _set_submodule(model, tied_linear, StatelessLinear.like(linear))
+        keys.append(tied_linear + ".weight")
+    for name in users:
+        _set_submodule(model, name, StatelessEmbedding.like(embedding))
+    owner, _, attribute = shared.rpartition(".")
+    order = tuple(model.get_submodule(owner)._modules) if owner else tuple(model._modules)
+    delattr(model, shared)
+    model.register_parameter(weight, parameter)
+    spec = SharedWeightSpec(shared, weight, tuple(users), tied_linear, tuple(keys), order)
+    model.__dict__["_shared_weight_spec"] = spec
+    # load_state_dict of a stock (HF-keyed) checkpoint keeps working.
+    model.__dict__["_shared_weight_hook"] = model._register_load_state_dict_pre_hook(_load_hf_keys(spec))
+    return model
+
+
+def _load_hf_keys(spec: SharedWeightSpec):
+    def hook(state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
+        found = [prefix + key for key in spec.hf_keys if prefix + key in state_dict]
+        if found and prefix + spec.weight not in state_dict:
+            state_dict[prefix + spec.weight] = state_dict[found[0]]
+        for key in found:
+            del state_dict[key]
+    return hook
+
+
+def make_stateful(model: nn.Module) -> nn.Module:
+    """Undo :func:`make_stateless`; a no-op on a stateful model."""
+    spec = _spec(model)
+    if spec is None:
+        return model
+    parameter = getattr(model, spec.weight)
+    embedding = model.get_submodule(spec.users[0]).to_embedding(parameter) if spec.users else None
+    if embedding is None:
+        raise ValueError("make_stateful: the stateless form records no embedding user")
+    if spec.tied_linear is not None:
+        _set_submodule(model, spec.tied_linear, model.get_submodule(spec.tied_linear).to_linear(parameter))
+    del model._parameters[spec.weight]
+    setattr(model, spec.shared, embedding)
+    for name in spec.users:
+        _set_submodule(model, name, embedding)
+    owner_name = spec.shared.rpartition(".")[0]
+    owner = model.get_submodule(owner_name) if owner_name else model
+    owner._modules = {name: owner._modules[name] for name in spec.module_order if name in owner._modules} | {
+        name: module for name, module in owner._modules.items() if name not in spec.module_order}
+    model.__dict__.pop("_shared_weight_hook").remove()
+    del model.__dict__["_shared_weight_spec"]
+    return model
+
+
+def shared_weight(model: nn.Module, shared: str, weight: str) -> torch.Tensor:
+    """The shared weight in either form, as the generated forward passes it on."""
+    return getattr(model, weight) if is_stateless(model) else model.get_submodule(shared).weight
+
+
+def call_shared(module: nn.Module, weight: torch.Tensor, *inputs: Any) -> Any:
+    """Call a (possibly) stateless user of the shared weight: stateless layers take it first."""
+    if isinstance(module, (StatelessEmbedding, StatelessLinear)):
+        return module(weight, *inputs)
+    return module(*inputs)
+
+
+def stateful_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict of the stateful form (stock HF keys), without changing ``model``."""
+    state = model.state_dict()
+    spec = _spec(model)
+    if spec is None:
+        return state
+    value = state.pop(spec.weight)
+    return {**{key: value for key in spec.hf_keys}, **state}
