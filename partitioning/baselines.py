@@ -1,0 +1,63 @@
+"""The splits other tools make by default, to compare plans against.
+
+* ``uniform``: optimum-graphcore's default ``layers_per_ipu`` (all ``-1``):
+  the transformer layers, encoder then decoder, are spread evenly, the
+  remainder going to the last device.  Blocks that are not layers stay with
+  the layer before them (the embedding goes on the first stage, the head on
+  the last).
+* ``parameters``: DeepSpeed's ``partition_method="parameters"``: the most
+  balanced split of parameter counts, a tied weight counted in every block
+  that uses it (as DeepSpeed counts a ``TiedLayerSpec`` at each occurrence).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+from partitioning.partition import Segment, check_stage_count, min_max_split
+from partitioning.plan import Block, PlanError
+
+_LAYER = re.compile(r"(^|\.)block\.\d+(-\d+)?$")
+
+
+def is_layer(block: Block) -> bool:
+    return bool(_LAYER.search(block.name))
+
+
+def uniform_split(blocks: Sequence[Block], stages: int) -> list[Segment]:
+    check_stage_count(len(blocks), stages)
+    layers = [i for i, b in enumerate(blocks) if is_layer(b)]
+    if len(layers) < stages:
+        raise PlanError(f"the uniform split needs at least one layer per stage: {len(layers)} layers, {stages} stages")
+    quotient, remainder = divmod(len(layers), stages)
+    per_stage = [quotient] * stages
+    per_stage[-1] += remainder
+    # A stage ends just before the first layer of the next one; leading blocks go to stage 0.
+    starts = [0]
+    taken = 0
+    for count in per_stage[:-1]:
+        taken += count
+        starts.append(layers[taken])
+    ends = [start - 1 for start in starts[1:]] + [len(blocks) - 1]
+    return list(zip(starts, ends))
+
+
+def parameter_counts(blocks: Sequence[Block], shared_bytes: Mapping[str, int]) -> list[int]:
+    """Parameter bytes of each block with every shared weight counted at each of its users."""
+    first_user: dict[str, int] = {}
+    for index, block in enumerate(blocks):
+        for name in block.shared:
+            first_user.setdefault(name, index)
+    return [block.param_bytes + sum(shared_bytes[name] for name in block.shared if first_user[name] != index)
+            for index, block in enumerate(blocks)]
+
+
+def parameter_balanced_split(blocks: Sequence[Block], stages: int, shared_bytes: Mapping[str, int]) -> list[Segment]:
+    weights = parameter_counts(blocks, shared_bytes)
+    prefix = [0]
+    for weight in weights:
+        prefix.append(prefix[-1] + weight)
+    segments = min_max_split(len(blocks), stages, lambda s, i, j: float(prefix[j + 1] - prefix[i]))
+    assert segments is not None  # no constraint: every split is allowed
+    return segments

@@ -1,0 +1,203 @@
+"""Exact optimal contiguous split of a block chain into pipeline stages.
+
+A stage costs, per micro-batch, its forward + backward compute (backward
+modelled as 2x forward) plus the time to send the tensors crossing its
+outgoing cut.  The split minimizes the bottleneck (the most expensive
+stage), subject to a per-device memory limit.  Ties are broken exactly:
+among splits with the same bottleneck, the least total bytes over the cuts,
+then the lexicographically smallest stage ends.  Every comparison is between
+floats computed the same way from exact segment sums (``math.fsum`` is
+correctly rounded), so no epsilon is involved.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from partitioning.plan import Block, Plan, PlanError, Stage
+
+SCHEDULES = ("gpipe", "1f1b")
+Segment = tuple[int, int]  # first and last block index, inclusive
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The machine and the training setup a plan is made for."""
+
+    device_flops: float = 100e12  # sustained FLOP/s of one device
+    bandwidth: float = 25e9  # bytes/s between neighbouring stages
+    memory_limit: float | None = None  # bytes per device; None: unlimited
+    micro_batches: int = 1
+    schedule: str = "1f1b"
+    optimizer_states: int = 2  # extra copies of every parameter: Adam keeps exp_avg and exp_avg_sq
+    master_weights: bool = False  # mixed precision keeps one more (fp32 master) copy
+    measured: bool = False  # cost compute with the blocks' measured seconds instead of FLOPs
+
+    def __post_init__(self) -> None:
+        if not self.device_flops > 0 or not self.bandwidth > 0:
+            raise PlanError("device FLOP/s and bandwidth must be positive")
+        if self.micro_batches < 1:
+            raise PlanError(f"micro-batches must be at least 1, got {self.micro_batches}")
+        if self.schedule not in SCHEDULES:
+            raise PlanError(f"unknown schedule {self.schedule!r}; known: {', '.join(SCHEDULES)}")
+        if self.memory_limit is not None and not self.memory_limit > 0:
+            raise PlanError(f"the memory limit must be positive, got {self.memory_limit}")
+        if self.optimizer_states < 0:
+            raise PlanError(f"optimizer states must be >= 0, got {self.optimizer_states}")
+
+    @property
+    def state_copies(self) -> int:
+        """Bytes held per parameter byte: weights, gradients, optimizer states, master copy."""
+        return 2 + self.optimizer_states + int(self.master_weights)
+
+    def in_flight(self, stage: int, stages: int) -> int:
+        """Micro-batches whose activations a stage holds at once under the schedule."""
+        if self.schedule == "gpipe":
+            return self.micro_batches  # every forward runs before the first backward
+        return min(self.micro_batches, stages - stage)  # 1F1B: warm-up depth of this stage
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ChainCosts:
+    """Stage costs of any contiguous segment, from exact (correctly rounded) segment sums."""
+
+    def __init__(self, blocks: Sequence[Block], settings: Settings) -> None:
+        if settings.measured and any(b.seconds is None for b in blocks):
+            missing = next(b.name for b in blocks if b.seconds is None)
+            raise PlanError(f"block {missing!r} has no measured time (cost with --measure, or plan on FLOPs)")
+        self.blocks, self.settings = list(blocks), settings
+        work = [b.seconds if settings.measured else b.flops for b in blocks]
+        n = len(blocks)
+        self._work = [[math.fsum(work[i:j + 1]) if j >= i else 0.0 for j in range(n)] for i in range(n)]
+        self._params = _prefix([b.param_bytes for b in blocks])
+        self._activations = _prefix([b.activation_bytes for b in blocks])
+
+    def compute(self, i: int, j: int) -> float:
+        work = self._work[i][j]
+        return 3.0 * work if self.settings.measured else 3.0 * work / self.settings.device_flops
+
+    def communication(self, j: int) -> float:
+        last = j == len(self.blocks) - 1
+        return 0.0 if last else self.blocks[j].out_bytes / self.settings.bandwidth
+
+    def cost(self, i: int, j: int) -> float:
+        return self.compute(i, j) + self.communication(j)
+
+    def memory(self, stage: int, stages: int, i: int, j: int) -> float:
+        params = self._params[j + 1] - self._params[i]
+        activations = self._activations[j + 1] - self._activations[i]
+        return self.settings.state_copies * params + self.settings.in_flight(stage, stages) * activations
+
+    def fits(self, stage: int, stages: int, i: int, j: int) -> bool:
+        limit = self.settings.memory_limit
+        return limit is None or self.memory(stage, stages, i, j) <= limit
+
+    def cut_bytes(self, j: int) -> int:
+        return 0 if j == len(self.blocks) - 1 else self.blocks[j].out_bytes
+
+
+def _prefix(values: Sequence[int]) -> list[int]:
+    sums = [0]
+    for value in values:
+        sums.append(sums[-1] + value)
+    return sums
+
+
+def check_stage_count(blocks: int, stages: int) -> None:
+    if stages < 1:
+        raise PlanError(f"the number of stages must be at least 1, got {stages}")
+    if stages > blocks:
+        raise PlanError(f"cannot split {blocks} blocks into {stages} stages (at most {blocks} at this granularity)")
+
+
+def min_max_split(n: int, k: int, cost: Callable[[int, int, int], float],
+                  allowed: Callable[[int, int, int], bool] = lambda s, i, j: True,
+                  cut_weight: Callable[[int], int] = lambda j: 0) -> list[Segment] | None:
+    """Split ``n`` items into ``k`` non-empty contiguous segments minimizing the largest ``cost(stage, i, j)``.
+
+    Only segments with ``allowed(stage, i, j)`` are used.  Ties: least total
+    ``cut_weight`` over the cuts, then the lexicographically smallest segment
+    ends.  None when no split is allowed.  O(k * n^2) cost evaluations.
+    """
+    check_stage_count(n, k)
+    inf = math.inf
+    # best[s][i]: smallest bottleneck for items i.. in stages s..k-1 (suffix form, so the
+    # stage index, which the memory of a stage depends on, is known at every step).
+    best = [[inf] * (n + 1) for _ in range(k + 1)]
+    best[k][n] = -inf
+    for s in range(k - 1, -1, -1):
+        for i in range(s, n - (k - s) + 1):
+            for j in range(i, n - (k - s - 1)):
+                if best[s + 1][j + 1] < inf and allowed(s, i, j):
+                    best[s][i] = min(best[s][i], max(cost(s, i, j), best[s + 1][j + 1]))
+    bottleneck = best[0][0]
+    if bottleneck == inf:
+        return None
+    # Among splits whose every stage costs <= bottleneck, least total cut weight.
+    weight: list[list[float]] = [[inf] * (n + 1) for _ in range(k + 1)]
+    weight[k][n] = 0
+    for s in range(k - 1, -1, -1):
+        for i in range(s, n - (k - s) + 1):
+            for j in range(i, n - (k - s - 1)):
+                if weight[s + 1][j + 1] < inf and allowed(s, i, j) and cost(s, i, j) <= bottleneck:
+                    cut = cut_weight(j) if s < k - 1 else 0
+                    weight[s][i] = min(weight[s][i], cut + weight[s + 1][j + 1])
+    segments, i = [], 0
+    for s in range(k):
+        for j in range(i, n - (k - s - 1)):  # the first (smallest) end that stays optimal
+            cut = cut_weight(j) if s < k - 1 else 0
+            if (allowed(s, i, j) and cost(s, i, j) <= bottleneck and weight[s + 1][j + 1] < inf
+                    and cut + weight[s + 1][j + 1] == weight[s][i]):
+                segments.append((i, j))
+                i = j + 1
+                break
+    return segments
+
+
+def build_plan(blocks: Sequence[Block], segments: Sequence[Segment], settings: Settings,
+               model: dict[str, Any], costs: ChainCosts | None = None, method: str = "optimal") -> Plan:
+    """The plan of a given split, costed under ``settings`` (memory is reported, not enforced)."""
+    costs = costs or ChainCosts(blocks, settings)
+    k = len(segments)
+    stages = [Stage(index=s, blocks=tuple(b.name for b in blocks[i:j + 1]), compute=costs.compute(i, j),
+                    communication=costs.communication(j), memory_bytes=round(costs.memory(s, k, i, j)))
+              for s, (i, j) in enumerate(segments)]
+    return Plan(model=dict(model), blocks=list(blocks), stages=stages,
+                settings={**settings.to_dict(), "stages": k, "method": method})
+
+
+def partition(blocks: Sequence[Block], stages: int, settings: Settings, model: dict[str, Any] | None = None) -> Plan:
+    """The optimal plan: least bottleneck over all contiguous splits that fit the memory limit."""
+    check_stage_count(len(blocks), stages)
+    costs = ChainCosts(blocks, settings)
+    segments = min_max_split(len(blocks), stages, lambda s, i, j: costs.cost(i, j),
+                             lambda s, i, j: costs.fits(s, stages, i, j), costs.cut_bytes)
+    if segments is None:
+        raise PlanError(_memory_diagnosis(blocks, stages, costs))
+    return build_plan(blocks, segments, settings, model or {}, costs)
+
+
+def _memory_diagnosis(blocks: Sequence[Block], stages: int, costs: ChainCosts) -> str:
+    """Name the stage that the least-overflowing split still puts over the limit, and by how much."""
+    limit = costs.settings.memory_limit
+    assert limit is not None  # without a limit every split fits
+    segments = min_max_split(len(blocks), stages, lambda s, i, j: costs.memory(s, stages, i, j) - limit)
+    assert segments is not None
+    worst = max(range(stages), key=lambda s: costs.memory(s, stages, *segments[s]) - limit)
+    i, j = segments[worst]
+    need = costs.memory(worst, stages, i, j)
+    where = f"block {blocks[i].name!r} alone" if i == j else f"blocks {blocks[i].name}..{blocks[j].name}"
+    return (f"no split into {stages} stages fits {size(limit)} per device: at best, stage {worst} "
+            f"({where}) needs {size(need)}, {size(need - limit)} over")
+
+
+def size(value: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3f} {unit}"
+    return f"{value:.0f} B"

@@ -1,0 +1,124 @@
+"""One rank of the pipelining acceptance test (run under torchrun): pipeline vs single-process reference.
+
+For every case named on the command line it trains 3 steps both ways from the same weights and
+writes, per rank, the names of whatever differs (losses, gradients, parameters, tied copies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parent))
+from t5_models import config  # noqa: E402
+
+from partitioning.blocks import MicroBatch, build_t5, t5_chain  # noqa: E402
+from partitioning.partition import Settings, build_plan, partition  # noqa: E402
+from partitioning.pipelining import PipelineRun, t5_loss  # noqa: E402
+
+STEPS, PER_MICRO_BATCH, SOURCE, TARGET = 3, 2, 7, 5
+
+
+def batch(size: int, vocab: int, seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    values = {"input_ids": torch.randint(1, vocab, (size, SOURCE), generator=generator),
+              "attention_mask": torch.ones(size, SOURCE, dtype=torch.long),
+              "decoder_input_ids": torch.randint(1, vocab, (size, TARGET), generator=generator),
+              "decoder_attention_mask": torch.ones(size, TARGET, dtype=torch.long),
+              "labels": torch.randint(1, vocab, (size, TARGET), generator=generator)}
+    values["attention_mask"][1::2, -2:] = 0  # padding in every other sequence
+    values["decoder_attention_mask"][::2, -1] = 0
+    values["labels"][::3, -2:] = -100  # ignored positions
+    return values
+
+
+def run_case(case: str, out: Path) -> None:
+    config_name, schedule, micro_batches, split, tied_sum = (case.split(":") + ["ordered"])[:5]
+    micro_batches = int(micro_batches)
+    # ordered: bit-equal to the reference; allreduce: equal up to the order of the float sum
+    same = torch.equal if tied_sum == "ordered" else lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    cfg = config(config_name)
+    cfg.dropout_rate = 0.0  # the reference and the ranks draw no random numbers
+    torch.manual_seed(0)
+    model = build_t5("T5ForConditionalGeneration", cfg, device="cpu").make_stateless()
+    reference = copy.deepcopy(model)
+
+    chain = t5_chain("T5ForConditionalGeneration", cfg, MicroBatch(PER_MICRO_BATCH, SOURCE, TARGET))
+    settings = Settings(micro_batches=micro_batches, schedule=schedule)
+    if split == "optimal":
+        plan = partition(chain.blocks, dist.get_world_size(), settings)
+    else:  # the names of the first blocks of stages 1, 2, ...
+        names = [block.name for block in chain.blocks]
+        starts = [0] + [names.index(name) for name in split.split(",")]
+        segments = [(start, end - 1) for start, end in zip(starts, starts[1:] + [len(names)])]
+        plan = build_plan(chain.blocks, segments, settings, {})
+
+    data = [batch(PER_MICRO_BATCH * micro_batches, cfg.vocab_size, seed=10 + step) for step in range(STEPS)]
+    inputs = {k: v for k, v in data[0].items() if k != "labels"}
+    example = {k: v[:PER_MICRO_BATCH] for k, v in inputs.items()}
+    run = PipelineRun(model, plan, example, micro_batches=micro_batches, schedule=schedule, loss_fn=t5_loss,
+                      tied_sum=tied_sum)
+    tied = {c.name.removeprefix("model."): c for c in run.tied}
+    rank, last = dist.get_rank(), dist.get_rank() == len(plan.stages) - 1
+
+    local = {name.removeprefix("model."): p for name, p in run.module.named_parameters()}
+    reference_parameters = dict(reference.named_parameters())
+    optimizer = torch.optim.Adam(run.module.parameters(), lr=1e-2, foreach=False)
+    reference_optimizer = torch.optim.Adam(reference.parameters(), lr=1e-2, foreach=False)
+    problems: list[str] = []
+    for step, values in enumerate(data):
+        losses = run.step({k: v for k, v in values.items() if k != "labels"}, values["labels"])
+        expected = []
+        for chunk in range(micro_batches):
+            part = {k: v.tensor_split(micro_batches)[chunk] for k, v in values.items()}
+            loss = reference(**part)
+            loss.backward()
+            expected.append(loss.detach())
+        for p in reference.parameters():
+            p.grad.div_(micro_batches)  # as the schedule scales gradients
+        if last and not (len(losses) == micro_batches and all(same(a.detach(), b) for a, b in zip(losses, expected))):
+            problems.append(f"step {step}: losses {losses} != {expected}")
+        for name, p in local.items():
+            if p.grad is None or not same(p.grad, reference_parameters[name].grad):
+                problems.append(f"step {step}: gradient of {name}")
+        optimizer.step(), reference_optimizer.step()
+        optimizer.zero_grad(), reference_optimizer.zero_grad()
+    for name, p in local.items():
+        if not same(p, reference_parameters[name]):
+            problems.append(f"after {STEPS} steps: {name}")
+    for name, copy_ in tied.items():  # every replica of a tied weight is the same tensor
+        replicas = [torch.empty_like(copy_.parameter) for _ in copy_.stages]
+        dist.all_gather(replicas, copy_.parameter.detach(), group=copy_.group)
+        if not all(torch.equal(replica, replicas[0]) for replica in replicas):
+            problems.append(f"after {STEPS} steps: replicas of {name} differ")
+    record = {"case": case, "rank": rank, "problems": problems, "parameters": sorted(local),
+              "tied": {name: list(c.stages) for name, c in tied.items()}}
+    (out / f"{case.replace(':', '_').replace(',', '+')}.rank{rank}.json").write_text(json.dumps(record))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("cases", nargs="+",
+                        help="config:schedule:micro-batches:split[:allreduce], split = 'optimal' or the "
+                             "comma-separated first blocks of stages 1, 2, ...")
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    try:
+        for case in args.cases:
+            run_case(case, args.out)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Pipelined training on torch.distributed.pipelining equals single-process training (torchrun, gloo, CPU).
+
+Each launch runs several cases in one process group (see pipelining_worker.py): a tiny generated T5
+with tied or untied embeddings, a plan, GPipe or 1F1B, 3 Adam steps.  Per micro-batch losses, every
+gradient (the tied weight's after the backend's sync) and the weights after the steps must be
+torch.equal to the reference, and every replica of the tied weight identical.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from partitioning.blocks import MicroBatch, build_t5, t5_chain
+from partitioning.partition import Settings, build_plan
+from partitioning.pipelining import PipelineRun, split_spec, t5_loss
+from partitioning.plan import PlanError
+from t5_models import config
+
+TESTS = Path(__file__).parent
+# The interpreter's own torchrun first: CI runs .venv/bin/python without activating the venv.
+_SIBLING = Path(sys.executable).with_name("torchrun")
+TORCHRUN = str(_SIBLING) if _SIBLING.exists() else (shutil.which("torchrun") or "torchrun")
+
+
+def launch(ranks: int, cases: list[str], out: Path) -> dict[str, list[dict]]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([TORCHRUN, "--standalone", f"--nproc-per-node={ranks}", str(TESTS / "pipelining_worker.py"),
+                             "--out", str(out), *cases], env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-4000:]
+    records: dict[str, list[dict]] = {}
+    for path in sorted(out.glob("*.json")):
+        record = json.loads(path.read_text())
+        records.setdefault(record["case"], []).append(record)
+    assert sorted(records) == sorted(cases) and all(len(r) == ranks for r in records.values())
+    return records
+
+
+def assert_equal_to_reference(records: dict[str, list[dict]], expected: dict[str, dict | None]) -> None:
+    for case, ranks in records.items():
+        for record in ranks:
+            assert record["problems"] == [], f"{case} rank {record['rank']}: {record['problems'][:5]}"
+        if expected[case] is not None:
+            assert ranks[0]["tied"] == expected[case], case
+        names = [name for record in ranks for name in record["parameters"]]
+        assert len(names) - len(set(names)) == sum(len(s) - 1 for s in ranks[0]["tied"].values())  # only tied repeat
+
+
+# config:schedule:micro-batches:split (first blocks of stages 1..K-1 or "optimal") -> stages holding a tied
+# weight (None: not checked)
+TWO_RANKS: dict[str, dict | None] = {
+    "1layer-relu-tied:gpipe:2:decoder.embed": {"shared_embed_weight": [0, 1]},  # lm_head with the decoder
+    "2layer-gelu-tied:1f1b:4:lm_head": {"shared_embed_weight": [0, 1]},  # both embeddings on stage 0
+    "2layer-gelu-untied:gpipe:2:encoder.block.1": {"shared_embed_weight": [0, 1]},  # position bias crosses
+    "3layer-relu-untied-2dec:1f1b:2:decoder.block.1": {},  # both embeddings on stage 0, untied head
+}
+THREE_RANKS: dict[str, dict | None] = {
+    "2layer-gelu-tied:gpipe:4:encoder.block.1,lm_head": {"shared_embed_weight": [0, 1, 2]},
+    # the encoder output goes to stages 1 and 2: relayed through stage 1
+    "2layer-gelu-tied:1f1b:4:decoder.embed,decoder.block.2": {"shared_embed_weight": [0, 1, 2]},
+    "3layer-relu-untied-2dec:1f1b:3:encoder.block.2,decoder.block.0": {"shared_embed_weight": [0, 1]},
+    "3layer-relu-untied-2dec:gpipe:3:decoder.embed,decoder.final": {"shared_embed_weight": [0, 1]},
+    "2layer-gelu-tied:1f1b:3:optimal": None,  # the partitioner's own plan
+    # DeepSpeed-style all-reduce of the copies: equal up to float rounding, replicas identical
+    "2layer-gelu-tied:gpipe:3:encoder.final,decoder.block.1:allreduce": {"shared_embed_weight": [0, 1, 2]},
+}
+
+
+def test_two_ranks_gpipe_and_1f1b_equal_single_process_training(tmp_path: Path) -> None:
+    assert_equal_to_reference(launch(2, list(TWO_RANKS), tmp_path), TWO_RANKS)
+
+
+def test_three_ranks_gpipe_and_1f1b_equal_single_process_training(tmp_path: Path) -> None:
+    assert_equal_to_reference(launch(3, list(THREE_RANKS), tmp_path), THREE_RANKS)
+
+
+def tiny_plan(split: list[str]):  # type: ignore[no-untyped-def]
+    cfg = config("1layer-relu-tied")
+    chain = t5_chain("T5ForConditionalGeneration", cfg, MicroBatch(2, 7, 5))
+    names = [block.name for block in chain.blocks]
+    starts = [0] + [names.index(name) for name in split]
+    return cfg, build_plan(chain.blocks, [(a, b - 1) for a, b in zip(starts, starts[1:] + [len(names)])],
+                           Settings(), {})
+
+
+def test_split_spec_cuts_before_each_later_stage_first_module() -> None:
+    cfg, plan = tiny_plan(["decoder.embed", "lm_head"])
+    model = build_t5("T5ForConditionalGeneration", cfg).make_stateless()
+    assert list(split_spec(plan, model, "model.")) == ["model.decoder.embed_tokens", "model.lm_head"]
+    encoder_only = build_t5("T5EncoderModel", cfg)
+    with pytest.raises(PlanError, match="'decoder.embed_tokens', which the model does not have"):
+        split_spec(plan, encoder_only)
+
+
+def test_pipeline_run_needs_torchrun() -> None:
+    assert not dist.is_initialized()
+    cfg, plan = tiny_plan(["decoder.embed"])
+    with pytest.raises(PlanError, match="launch with torchrun"):
+        PipelineRun(build_t5("T5ForConditionalGeneration", cfg), plan, {}, micro_batches=2, schedule="gpipe",
+                    loss_fn=t5_loss)
+
+
+def test_partition_model_run_trains_the_plan_under_torchrun(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from partitioning.cli import main
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(config("1layer-relu-tied").to_json_string())
+    plan = tmp_path / "plan.json"
+    code = main(["t5", "--version", "4.5.1", "--stages", "2", "--config", str(cfg), "--batch", "2", "--source-len", "7",
+                 "--target-len", "5", "--micro-batches", "2", "--output", str(plan), "--run", "--run-steps", "2"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    steps = [line for line in out.splitlines() if line.startswith("step ")]
+    assert [line.split(":")[0] for line in steps] == ["step 1/2", "step 2/2"]
+    assert all("over 2 micro-batches" in line for line in steps)
