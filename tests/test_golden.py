@@ -40,3 +40,11 @@ def test_golden(case: str) -> None:
 
 def test_there_are_golden_cases() -> None:
     assert len(CASES) >= 2
+
+
+def test_pipeline_leaves_its_own_full_output_unchanged() -> None:
+    from conftest import REPO
+    generated = (REPO / "generated_models/t5/v4_5_1/modeling_t5.py").read_text()
+    header, _, body = generated.partition("\n\n")
+    assert header.startswith("# @generated")
+    assert convert(body) == body

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import libcst as cst
 from libcst.codemod import Codemod, VisitorBasedCodemodCommand
+from libcst.metadata import QualifiedName, ScopeProvider
 
 # Set in a context's scratch by a pipeline that applies every transform's
 # scheduled import edits itself, once, after the last transform.
@@ -27,6 +28,16 @@ class Transform(VisitorBasedCodemodCommand):
     cost a full pass each; a pipeline may defer them (``DEFER_IMPORT_EDITS``)
     and apply them all at once.
     """
+
+    def qualified_names(self, node: cst.CSTNode) -> set[QualifiedName]:
+        """What ``QualifiedNameProvider`` says of ``node``, read straight from the scopes.
+
+        ``QualifiedNameProvider`` first walks the whole module to annotate every
+        node; a transform that asks about a few call sites saves that pass by
+        declaring ``ScopeProvider`` and asking here.
+        """
+        scope = self.get_metadata(ScopeProvider, node, None)
+        return set() if scope is None else set(scope.get_qualified_names_for(node))
 
     def transform_module(self, tree: cst.Module) -> cst.Module:
         if self.context.scratch.get(DEFER_IMPORT_EDITS):

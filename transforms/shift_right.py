@@ -9,7 +9,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.helpers import parse_template_expression, parse_template_statement
-from libcst.metadata import QualifiedNameProvider
+from libcst.metadata import ScopeProvider
 
 from transforms.base import Transform
 from transforms.positions import located
@@ -93,7 +93,7 @@ class FunctionalShiftRight(Transform):
     """
 
     DESCRIPTION = "shift-right item assignment -> torch.cat; assert t.item() -> torch._assert_async(t)"
-    METADATA_DEPENDENCIES = (QualifiedNameProvider,)
+    METADATA_DEPENDENCIES = (ScopeProvider,)
     _has_torch = False
 
     def visit_Module(self, node: cst.Module) -> bool:
@@ -145,7 +145,7 @@ class FunctionalShiftRight(Transform):
     def _is_tensor(self, node: cst.BaseExpression) -> bool:
         """Built by a ``torch`` function, a method of such a result, or an operator on one."""
         if isinstance(node, cst.Call):
-            names = self.get_metadata(QualifiedNameProvider, node.func, set())
+            names = self.qualified_names(node.func)
             if any(name.name.startswith("torch.") for name in names):
                 return True
             return isinstance(node.func, cst.Attribute) and self._is_tensor(node.func.value)

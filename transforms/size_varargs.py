@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import libcst as cst
 from libcst.codemod import CodemodContext
-from libcst.metadata import QualifiedNameProvider
+from libcst.metadata import ScopeProvider
 
 from transforms.base import Transform
 
@@ -30,7 +30,7 @@ class SizeVarargs(Transform):
     """
 
     DESCRIPTION = "torch.ones(a, b) and similar factories -> torch.ones((a, b))"
-    METADATA_DEPENDENCIES = (QualifiedNameProvider,)
+    METADATA_DEPENDENCIES = (ScopeProvider,)
 
     def __init__(self, context: CodemodContext, functions: Iterable[str] = FACTORIES) -> None:
         super().__init__(context)
@@ -62,7 +62,7 @@ class SizeVarargs(Transform):
         count = next((i for i, arg in enumerate(args) if arg.keyword is not None or arg.star), len(args))
         if count < 2 or isinstance(args[0].value, (cst.Tuple, cst.List)):
             return updated_node
-        names = self.get_metadata(QualifiedNameProvider, original_node, set())
+        names = self.qualified_names(original_node)
         if not any(name.name in self.functions for name in names):
             return updated_node
         sizes, last = args[:count - 1], args[count - 1]
