@@ -12,8 +12,9 @@ correctly rounded), so no epsilon is involved.
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -66,7 +67,8 @@ class Settings:
 class ChainCosts:
     """Stage costs of any contiguous segment, from exact (correctly rounded) segment sums."""
 
-    def __init__(self, blocks: Sequence[Block], settings: Settings) -> None:
+    def __init__(self, blocks: Sequence[Block], settings: Settings,
+                 shared_bytes: Mapping[str, int] | None = None) -> None:
         if settings.measured and any(b.seconds is None for b in blocks):
             missing = next(b.name for b in blocks if b.seconds is None)
             raise PlanError(f"block {missing!r} has no measured time (cost with --measure, or plan on FLOPs)")
@@ -76,6 +78,19 @@ class ChainCosts:
         self._work = [[math.fsum(work[i:j + 1]) if j >= i else 0.0 for j in range(n)] for i in range(n)]
         self._params = _prefix([b.param_bytes for b in blocks])
         self._activations = _prefix([b.activation_bytes for b in blocks])
+        # A block's param_bytes counts a shared weight only at its first user, but the
+        # pipelining engine gives every stage that uses it a replica: charge those too.
+        self._shared_users = {name: [k for k, b in enumerate(blocks) if name in b.shared]
+                              for name in (shared_bytes or {})}
+        self._shared_bytes = dict(shared_bytes or {})
+
+    def _replica_bytes(self, i: int, j: int) -> int:
+        total = 0
+        for name, users in self._shared_users.items():
+            if users and users[0] < i and bisect.bisect_left(users, i) < len(users) \
+                    and users[bisect.bisect_left(users, i)] <= j:
+                total += self._shared_bytes[name]
+        return total
 
     def compute(self, i: int, j: int) -> float:
         work = self._work[i][j]
@@ -89,7 +104,7 @@ class ChainCosts:
         return self.compute(i, j) + self.communication(j)
 
     def memory(self, stage: int, stages: int, i: int, j: int) -> float:
-        params = self._params[j + 1] - self._params[i]
+        params = self._params[j + 1] - self._params[i] + self._replica_bytes(i, j)
         activations = self._activations[j + 1] - self._activations[i]
         return self.settings.state_copies * params + self.settings.in_flight(stage, stages) * activations
 
@@ -162,7 +177,7 @@ def min_max_split(n: int, k: int, cost: Callable[[int, int, int], float],
 def build_plan(blocks: Sequence[Block], segments: Sequence[Segment], settings: Settings,
                model: dict[str, Any], costs: ChainCosts | None = None, method: str = "optimal") -> Plan:
     """The plan of a given split, costed under ``settings`` (memory is reported, not enforced)."""
-    costs = costs or ChainCosts(blocks, settings)
+    costs = costs or ChainCosts(blocks, settings, model.get("shared_bytes"))
     k = len(segments)
     stages = [Stage(index=s, blocks=tuple(b.name for b in blocks[i:j + 1]), compute=costs.compute(i, j),
                     communication=costs.communication(j), memory_bytes=round(costs.memory(s, k, i, j)))
@@ -174,7 +189,7 @@ def build_plan(blocks: Sequence[Block], segments: Sequence[Segment], settings: S
 def partition(blocks: Sequence[Block], stages: int, settings: Settings, model: dict[str, Any] | None = None) -> Plan:
     """The optimal plan: least bottleneck over all contiguous splits that fit the memory limit."""
     check_stage_count(len(blocks), stages)
-    costs = ChainCosts(blocks, settings)
+    costs = ChainCosts(blocks, settings, (model or {}).get("shared_bytes"))
     segments = min_max_split(len(blocks), stages, lambda s, i, j: costs.cost(i, j),
                              lambda s, i, j: costs.fits(s, stages, i, j), costs.cut_bytes)
     if segments is None:

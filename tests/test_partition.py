@@ -164,3 +164,17 @@ def test_plan_json_round_trip_and_validation() -> None:
         plan.stage_of("zz")
     with pytest.raises(PlanError, match="not a plan file"):
         Plan.from_json("{}")
+
+
+def test_every_later_stage_using_a_shared_weight_holds_a_replica() -> None:
+    # The weight (100 B) is counted in block 0's param_bytes; blocks 2 and 3 use it too.
+    blocks = [Block(name=f"b{k}", modules=(f"m{k}",), flops=1e12, param_bytes=p, out_bytes=0,
+                    shared=("w",) if k in (0, 2, 3) else ())
+              for k, p in enumerate([110, 10, 10, 10])]
+    settings = Settings(optimizer_states=0)  # state copies: weights + gradients = 2
+    with_replicas = partition(blocks, 2, settings, {"shared_bytes": {"w": 100}})
+    assert [s.memory_bytes for s in with_replicas.stages] == [2 * 120, 2 * (20 + 100)]
+    without = partition(blocks, 2, settings, {})
+    assert [s.memory_bytes for s in without.stages] == [2 * 120, 2 * 20]
+    limited = Settings(optimizer_states=0, memory_limit=2 * 120 + 1)
+    assert partition(blocks, 2, limited, {"shared_bytes": {"w": 100}}).stages[1].memory_bytes == 240
