@@ -66,12 +66,41 @@ def transform_module(tree: cst.Module, recipe: Recipe, supports: dict[str, Sourc
             tree = REGISTRY[step.name](context, **step.options).transform_module(tree)
         except (ValueError, TypeError) as exc:  # recipe options that do not fit the source
             raise ConvertError(f"recipe {recipe.family!r}, transform {step.name}: {exc}") from None
-    for editor in (AddImportsVisitor, RemoveImportsVisitor):
-        if editor.CONTEXT_KEY in context.scratch:
-            tree = editor(context).transform_module(tree)
+    if AddImportsVisitor.CONTEXT_KEY in context.scratch:
+        tree = add_imports(tree, context)
+    if RemoveImportsVisitor.CONTEXT_KEY in context.scratch:
+        tree = RemoveImportsVisitor(context).transform_module(tree)
     for warning in context.warnings:
         log.warning("%s", warning)
     return tree
+
+
+def _is_import_block_statement(statement: cst.BaseStatement) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and all(
+        isinstance(small, (cst.Import, cst.ImportFrom))
+        or (isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)))
+        for small in statement.body)
+
+
+def add_imports(tree: cst.Module, context: CodemodContext) -> cst.Module:
+    """Apply the scheduled ``AddImportsVisitor`` edits, visiting only the leading import block.
+
+    The visitor only reads and edits top-level imports, but walks the whole
+    module to do it (about six parses' worth of time here).  When every top-level
+    import is in the leading block, running it on that block alone gives the
+    same module; otherwise it runs on the whole module.
+    """
+    body = list(tree.body)
+    head = 0
+    while head < len(body) and _is_import_block_statement(body[head]):
+        head += 1
+    later_imports = any(isinstance(small, (cst.Import, cst.ImportFrom))
+                        for statement in body[head:] if isinstance(statement, cst.SimpleStatementLine)
+                        for small in statement.body)
+    if later_imports or head == 0:
+        return AddImportsVisitor(context).transform_module(tree)
+    edited = AddImportsVisitor(context).transform_module(tree.with_changes(body=body[:head], footer=()))
+    return tree.with_changes(body=[*edited.body, *body[head:]])
 
 
 def version_dir(version: str) -> str:

@@ -15,7 +15,7 @@ sys.path.insert(0, str(REPO))
 
 from converter.fetch import Fetcher  # noqa: E402
 from converter.recipes import get_recipe  # noqa: E402
-from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor  # noqa: E402
+from converter.pipeline import add_imports  # noqa: E402
 
 from transforms import REGISTRY  # noqa: E402
 from transforms.base import DEFER_IMPORT_EDITS  # noqa: E402
@@ -35,16 +35,17 @@ def main() -> int:
     shared = CodemodContext(full_module_name=recipe.module_name,
                             full_package_name=recipe.module_name.rpartition(".")[0],
                             scratch={"support_sources": supports, DEFER_IMPORT_EDITS: True})
-    steps = [(s.name, lambda ctx, s=s: REGISTRY[s.name](ctx, **s.options)) for s in recipe.transforms]
-    steps += [("(import edits)", AddImportsVisitor), ("(import removals)", RemoveImportsVisitor)]
-    for name, make in steps:
+    steps = [(s.name, lambda ctx, tree, s=s: REGISTRY[s.name](ctx, **s.options).transform_module(tree))
+             for s in recipe.transforms]
+    steps.append(("(import edits)", lambda ctx, tree: add_imports(tree, ctx)))
+    for name, apply in steps:
         best, result = float("inf"), tree
         for _ in range(args.repeat):
             scratch = dict(shared.scratch)
             context = CodemodContext(full_module_name=shared.full_module_name,
                                      full_package_name=shared.full_package_name, scratch=scratch)
             start = time.perf_counter()
-            result = make(context).transform_module(tree)
+            result = apply(context, tree)
             best = min(best, time.perf_counter() - start)
         shared.scratch.update(scratch)
         tree, total = result, total + best

@@ -48,3 +48,22 @@ def test_pipeline_leaves_its_own_full_output_unchanged() -> None:
     header, _, body = generated.partition("\n\n")
     assert header.startswith("# @generated")
     assert convert(body) == body
+
+
+def test_import_edits_on_the_leading_block_equal_a_full_pass() -> None:
+    from libcst.codemod import CodemodContext
+    from libcst.codemod.visitors import AddImportsVisitor
+
+    from converter.pipeline import add_imports
+    source = (FIXTURES / "cache/transformers-4.5.1/transformers/models/t5/modeling_t5.py").read_text()
+    tree = cst.parse_module(source)
+    results = []
+    for edit in (add_imports, lambda t, c: AddImportsVisitor(c).transform_module(t)):
+        context = CodemodContext()
+        AddImportsVisitor.add_needed_import(context, "stateless")
+        AddImportsVisitor.add_needed_import(context, "stateless", "is_None")
+        AddImportsVisitor.add_needed_import(context, "torch", "Tensor")
+        AddImportsVisitor.add_needed_import(context, "typing", "Tuple")
+        results.append(edit(tree, context).code)
+    assert results[0] == results[1]
+    assert "from typing import Tuple" in results[0] and "import stateless" in results[0]

@@ -253,13 +253,27 @@ class _Liveness:
 
     def __init__(self, pure_methods: frozenset[str]) -> None:
         self.pure_methods = pure_methods
+        # The fixpoint asks the same questions of the same (immutable) nodes every
+        # round; entries keep their node alive so its id cannot be reused.
+        self._reads: dict[int, tuple[cst.CSTNode, set[str]]] = {}
+        self._pure: dict[int, tuple[cst.CSTNode, bool]] = {}
+
+    def reads(self, node: cst.CSTNode) -> set[str]:
+        if id(node) not in self._reads:
+            self._reads[id(node)] = (node, names_read(node))
+        return self._reads[id(node)][1]
+
+    def pure(self, node: cst.BaseExpression) -> bool:
+        if id(node) not in self._pure:
+            self._pure[id(node)] = (node, is_pure(node, self.pure_methods))
+        return self._pure[id(node)][1]
 
     def removable(self, small: cst.BaseSmallStatement) -> set[str] | None:
         """Names an assignment binds when dropping it loses nothing but those bindings."""
-        if isinstance(small, cst.Assign) and is_pure(small.value, self.pure_methods):
+        if isinstance(small, cst.Assign) and self.pure(small.value):
             return _name_targets(t.target for t in small.targets)
         if isinstance(small, (cst.AnnAssign, cst.AugAssign)) and isinstance(small.target, cst.Name):
-            if small.value is None or is_pure(small.value, self.pure_methods):
+            if small.value is None or self.pure(small.value):
                 return {small.target.value}
         return None
 
@@ -285,10 +299,10 @@ class _Liveness:
                 binds = self.removable(small)
                 if isinstance(small, cst.Pass) or (binds is not None and not binds & live):
                     continue
-                if isinstance(small, cst.Expr) and is_pure(small.value, self.pure_methods):
+                if isinstance(small, cst.Expr) and self.pure(small.value):
                     continue
                 essential_any = True
-                reads |= names_read(small)
+                reads |= self.reads(small)
             return essential_any
         if isinstance(stmt, cst.If):
             inner = self._mark(stmt.body.body, live, reads)
@@ -297,24 +311,24 @@ class _Liveness:
                 inner |= self._mark_one(orelse, live, reads)
             elif isinstance(orelse, cst.Else):
                 inner |= self._mark(orelse.body.body, live, reads)
-            if inner or not is_pure(stmt.test, self.pure_methods):
-                reads |= names_read(stmt.test)
+            if inner or not self.pure(stmt.test):
+                reads |= self.reads(stmt.test)
                 return True
             return False
         if isinstance(stmt, (cst.For, cst.While)):
             # Kept whole; its head stays live, its body is marked like any block.
-            reads |= names_read(stmt.iter if isinstance(stmt, cst.For) else stmt.test)
+            reads |= self.reads(stmt.iter if isinstance(stmt, cst.For) else stmt.test)
             self._mark(stmt.body.body, live, reads)
             if stmt.orelse is not None:
                 self._mark(stmt.orelse.body.body, live, reads)
             return True
         if isinstance(stmt, cst.With):
             for item in stmt.items:
-                reads |= names_read(item.item)
+                reads |= self.reads(item.item)
             self._mark(stmt.body.body, live, reads)
             return True
         # try, match, nested defs: kept, and everything they read stays live.
-        reads |= names_read(stmt)
+        reads |= self.reads(stmt)
         return True
 
     def sweep(self, statements: Sequence[cst.BaseStatement], live: set[str],
@@ -350,7 +364,7 @@ class _Liveness:
         elif isinstance(orelse, cst.Else):
             rest = self.sweep(orelse.body.body, live, candidates)
             orelse = orelse.with_changes(body=_indented(rest, orelse.body)) if rest else None
-        if not body and orelse is None and is_pure(stmt.test, self.pure_methods):
+        if not body and orelse is None and self.pure(stmt.test):
             return None
         return stmt.with_changes(body=_indented(body, stmt.body), orelse=orelse)
 
