@@ -6,7 +6,6 @@ Set UPDATE_GOLDEN=1 to rewrite the .out.py files after an intended change, then 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import libcst as cst
 import pytest

@@ -57,7 +57,6 @@ def test_lm_head_returns_to_ipu_0_in_a_new_pipeline_stage_and_is_charged_there()
 
 
 def test_stateful_decoder_embedding_starts_the_embedding_block_again_then_resumes() -> None:
-    n = names()
     # decoder.block.0 is inside stage 1, so after the decoder's embedding (IPU 0) it needs its own BeginBlock.
     placement = plan_ipu(plan_of(MID), KEEP, STATEFUL)
     visits = [(v.unit, v.user_id, v.ipu, v.again) for v in placement.visits()]

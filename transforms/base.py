@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import libcst as cst
 from libcst.codemod import Codemod, VisitorBasedCodemodCommand
-from libcst.metadata import QualifiedName, ScopeProvider
+from libcst.helpers import get_absolute_module_from_package
+from libcst.metadata import ScopeProvider
 
 # Set in a context's scratch by a pipeline that applies every transform's
 # scheduled import edits itself, once, after the last transform.
@@ -29,15 +30,22 @@ class Transform(VisitorBasedCodemodCommand):
     and apply them all at once.
     """
 
-    def qualified_names(self, node: cst.CSTNode) -> set[QualifiedName]:
+    def absolute_name(self, name: str) -> str:
+        """A qualified name with a relative import's leading dots resolved against this file's package."""
+        dots = len(name) - len(name.lstrip("."))
+        if not dots:
+            return name
+        return get_absolute_module_from_package(self.context.full_package_name, name[dots:], dots) or name
+
+    def qualified_names(self, node: cst.CSTNode) -> set[str]:
         """What ``QualifiedNameProvider`` says of ``node``, read straight from the scopes.
 
         ``QualifiedNameProvider`` first walks the whole module to annotate every
-        node; a transform that asks about a few call sites saves that pass by
-        declaring ``ScopeProvider`` and asking here.
+        node; a transform that asks about a few nodes saves that pass by declaring
+        ``ScopeProvider`` and asking here.  Relative imports come back absolute.
         """
         scope = self.get_metadata(ScopeProvider, node, None)
-        return set() if scope is None else set(scope.get_qualified_names_for(node))
+        return set() if scope is None else {self.absolute_name(q.name) for q in scope.get_qualified_names_for(node)}
 
     def transform_module(self, tree: cst.Module) -> cst.Module:
         if self.context.scratch.get(DEFER_IMPORT_EDITS):

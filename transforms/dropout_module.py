@@ -10,7 +10,6 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
-from libcst.helpers import get_absolute_module_from_package
 from libcst.metadata import ScopeProvider
 
 from transforms.base import Transform
@@ -131,19 +130,8 @@ class DropoutModule(Transform):
         self._spellings = {"dropout", *aliases}
         return True
 
-    def _absolute(self, name: str) -> str:
-        """Qualified names of relative imports start with dots; resolve them against this file's package."""
-        dots = len(name) - len(name.lstrip("."))
-        if not dots:
-            return name
-        return get_absolute_module_from_package(self.context.full_package_name, name[dots:], dots) or name
-
-    def _qualified(self, node: cst.CSTNode) -> set[str]:
-        scope = self.get_metadata(ScopeProvider, node, None)
-        return set() if scope is None else {self._absolute(q.name) for q in scope.get_qualified_names_for(node)}
-
     def _bases(self, node: cst.ClassDef) -> set[str]:
-        return set().union(*(self._qualified(base.value) for base in node.bases))
+        return set().union(*(self.qualified_names(base.value) for base in node.bases))
 
     def _lineage(self, node: cst.ClassDef) -> list[cst.ClassDef]:
         """The classes of this file that ``node`` derives from, nearest first."""
@@ -200,7 +188,7 @@ class DropoutModule(Transform):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         method = self._stack[-1] if self._stack else None
-        if not isinstance(method, _Method) or _DROPOUT not in self._qualified(original_node.func):
+        if not isinstance(method, _Method) or _DROPOUT not in self.qualified_names(original_node.func):
             return updated_node
         frame = next(entry for entry in reversed(self._stack) if isinstance(entry, _Class))
         bound = self._bind(updated_node.args)

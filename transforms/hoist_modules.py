@@ -8,7 +8,6 @@ from fnmatch import fnmatchcase
 import libcst as cst
 import libcst.matchers as m
 from libcst.codemod import CodemodContext
-from libcst.helpers import get_absolute_module
 from libcst.metadata import GlobalScope, QualifiedName, QualifiedNameProvider, ScopeProvider
 
 from transforms.base import Transform
@@ -96,10 +95,6 @@ class HoistModules(Transform):
         self._uses: dict[cst.Name, tuple[str, str]] = {}
         self._appended: dict[cst.FunctionDef, list[cst.SimpleStatementLine]] = {}
 
-    def _absolute(self, name: str) -> str | None:
-        dots = len(name) - len(name.lstrip("."))
-        return get_absolute_module(self.context.full_module_name, name[dots:], dots) if dots else name
-
     def _names_module_class(self, names: Iterable[QualifiedName]) -> bool:
         return any(name.name.startswith(self.classes) and not name.name.startswith(NOT_MODULES)
                    and name.name.rpartition(".")[2][:1].isupper() for name in names)
@@ -107,7 +102,7 @@ class HoistModules(Transform):
     def _is_module_subclass(self, node: cst.ClassDef) -> bool:
         for base in node.bases:
             for name in self.get_metadata(QualifiedNameProvider, base.value, set()):
-                if self._absolute(name.name) in self.module_bases or self._module_classes.get(name.name, False):
+                if self.absolute_name(name.name) in self.module_bases or self._module_classes.get(name.name, False):
                     return True
         return False
 

@@ -57,10 +57,7 @@ class LeafHelperRewrite(Transform):
         """Matches an expression naming one of ``names``, whatever alias imported it."""
         wanted = frozenset(names)
 
-        def resolves(node: cst.CSTNode) -> bool:
-            scope = self.get_metadata(ScopeProvider, node, None)
-            return scope is not None and any(name.name in wanted for name in scope.get_qualified_names_for(node))
-        return m.MatchIfTrue(resolves)
+        return m.MatchIfTrue(lambda node: bool(self.qualified_names(node) & wanted))
 
     def helper_call(self, *args: cst.BaseExpression) -> cst.Call:
         return cst.Call(func=cst.Name(self.HELPER), args=[cst.Arg(arg) for arg in args])

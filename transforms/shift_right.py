@@ -146,7 +146,7 @@ class FunctionalShiftRight(Transform):
         """Built by a ``torch`` function, a method of such a result, or an operator on one."""
         if isinstance(node, cst.Call):
             names = self.qualified_names(node.func)
-            if any(name.name.startswith("torch.") for name in names):
+            if any(name.startswith("torch.") for name in names):
                 return True
             return isinstance(node.func, cst.Attribute) and self._is_tensor(node.func.value)
         if isinstance(node, cst.Comparison):

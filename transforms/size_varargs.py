@@ -63,7 +63,7 @@ class SizeVarargs(Transform):
         if count < 2 or isinstance(args[0].value, (cst.Tuple, cst.List)):
             return updated_node
         names = self.qualified_names(original_node)
-        if not any(name.name in self.functions for name in names):
+        if not names & self.functions:
             return updated_node
         sizes, last = args[:count - 1], args[count - 1]
         # Each comma keeps its own whitespace, so multi-line calls keep their layout.
