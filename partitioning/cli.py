@@ -15,7 +15,7 @@ from partitioning.ipu.cli import add_ipu_arguments, run_ipu
 from partitioning.partition import SCHEDULES, Settings, partition
 from partitioning.placement import module_to_device
 from partitioning.plan import Plan, PlanError
-from partitioning.report import format_plan
+from partitioning.report import format_plan, report_error
 from partitioning.shapes import SHAPES, t5_config
 
 FAMILIES = ("t5",)
@@ -149,12 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_ipu(args, plan)
         if args.run:
             _launch(args.output, args.stages, args.run_steps)
-    except PlanError as exc:
-        print(f"partition-model: error: {str(exc).replace(chr(10), ' ')}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"partition-model: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
-        return 2
+    except (PlanError, OSError) as exc:
+        return report_error(exc)
     return 0
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from partitioning.plan import Plan
+import sys
+
+from partitioning.plan import Plan, PlanError
 
 
 def _blocks(names: tuple[str, ...]) -> str:
@@ -24,3 +26,10 @@ def format_plan(plan: Plan) -> str:
     lines.append(f"bottleneck {_ms(plan.bottleneck)} ms, ideal {_ms(plan.ideal)} ms, "
                  f"bottleneck / ideal {plan.ratio:.3f}")
     return "\n".join(lines)
+
+
+def report_error(exc: PlanError | OSError) -> int:
+    """Print a failure as partition-model's one-line error; the exit code for it."""
+    text = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) else str(exc).replace("\n", " ")
+    print(f"partition-model: error: {text}", file=sys.stderr)
+    return 2

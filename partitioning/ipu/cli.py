@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from partitioning.ipu.errors import IPUError
 from partitioning.ipu.placement import Placement, plan_ipu
 from partitioning.ipu.roles import roles_for
 from partitioning.plan import Plan, PlanError
+from partitioning.report import report_error
 
 DEFAULT_CODE = Path("ipu_parallelize.py")
 DEFAULT_OPTIONS = Path("poptorch_options.conf")
@@ -44,12 +44,8 @@ def run_ipu(args: argparse.Namespace, plan: Plan | None = None) -> int:
     """Place ``plan`` (or ``args.ipu_plan``) on IPUs; 0 on success, 2 with a one-line error."""
     try:
         print(_run(args, plan))
-    except PlanError as exc:
-        print(f"partition-model: error: {str(exc).replace(chr(10), ' ')}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"partition-model: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
-        return 2
+    except (PlanError, OSError) as exc:
+        return report_error(exc)
     return 0
 
 
