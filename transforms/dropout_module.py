@@ -26,6 +26,12 @@ DEFAULT_MODULE_BASES = ("torch.nn.Module", "torch.nn.modules.module.Module",
                         "transformers.modeling_utils.PreTrainedModel")
 
 
+@dataclass(frozen=True)
+class DropoutOptions:
+    attribute: str = "dropout"  # the preferred name of the new submodule
+    module_bases: tuple[str, ...] = DEFAULT_MODULE_BASES  # qualified names whose subclasses are modules
+
+
 @dataclass
 class _Method:
     name: str
@@ -109,11 +115,13 @@ class DropoutModule(Transform):
     # first walks the whole file to wrap every node, which doubles the metadata cost on modeling_t5.py.
     METADATA_DEPENDENCIES = (ScopeProvider,)
 
-    def __init__(self, context: CodemodContext, attribute: str = "dropout",
-                 module_bases: Sequence[str] = DEFAULT_MODULE_BASES) -> None:
-        super().__init__(context)
-        self.attribute = attribute
-        self.module_bases = frozenset(module_bases)
+    Options = DropoutOptions
+
+    def __init__(self, context: CodemodContext, options: DropoutOptions | None = None, /,
+                 **values: object) -> None:
+        super().__init__(context, options, **values)
+        self.attribute = self.options.attribute
+        self.module_bases = frozenset(self.options.module_bases)
         self._stack: list[_Class | _Method] = []
         self._classes: dict[str, cst.ClassDef] = {}  # the file's top-level classes, for inheritance
         self._names: dict[cst.ClassDef, set[str]] = {}  # attribute names each class uses

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 import libcst as cst
@@ -22,6 +23,15 @@ NOT_MODULES = ("torch.nn.functional.", "torch.nn.Parameter", "torch.nn.parameter
 STATELESS = ("*Loss", "Dropout*", "AlphaDropout", "FeatureAlphaDropout", "Identity", "Flatten", "Unflatten",
              "ReLU", "ReLU6", "GELU", "SiLU", "Mish", "ELU", "CELU", "SELU", "LeakyReLU", "Tanh", "Sigmoid",
              "Hardtanh", "Hardswish", "Hardsigmoid", "Softplus", "Softmax", "LogSoftmax")
+
+
+
+@dataclass(frozen=True)
+class HoistOptions:
+    methods: tuple[str, ...] = ("forward",)  # the methods to look in
+    classes: tuple[str, ...] = ("torch.nn.",)  # qualified-name prefixes of module classes
+    module_bases: tuple[str, ...] = MODULE_BASES  # qualified names whose subclasses are modules
+
 
 _ASSIGNED_CALL = m.SimpleStatementLine(body=[
     m.Assign(targets=[m.AssignTarget(target=m.Name())], value=m.Call())])
@@ -79,12 +89,14 @@ class HoistModules(Transform):
     DESCRIPTION = "nn modules built inside forward -> submodules built at the end of __init__"
     METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider)
 
-    def __init__(self, context: CodemodContext, methods: Iterable[str] = ("forward",),
-                 classes: Iterable[str] = ("torch.nn.",), module_bases: Iterable[str] = MODULE_BASES) -> None:
-        super().__init__(context)
-        self.methods = tuple(methods)
-        self.classes = tuple(classes)
-        self.module_bases = frozenset(module_bases)
+    Options = HoistOptions
+
+    def __init__(self, context: CodemodContext, options: HoistOptions | None = None, /,
+                 **values: object) -> None:
+        super().__init__(context, options, **values)
+        self.methods = self.options.methods
+        self.classes = self.options.classes
+        self.module_bases = frozenset(self.options.module_bases)
         # A call's own qualified names are its callee's: only a named callee is a constructor.
         named_class = m.MatchMetadataIfTrue(QualifiedNameProvider, self._names_module_class)
         self._construction = m.Call(func=m.Name(metadata=named_class) | m.Attribute(metadata=named_class))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 import libcst as cst
@@ -15,6 +16,11 @@ from transforms.base import Transform
 
 
 FLOAT16 = ("torch.float16", "torch.half")
+
+
+@dataclass(frozen=True)
+class LeafHelperOptions:
+    module: str = "stateless"  # where the generated code imports the helper from
 
 
 def block(*statements: m.BaseSmallStatementMatchType) -> m.BaseSuiteMatchType:
@@ -44,9 +50,12 @@ class LeafHelperRewrite(Transform):
     # first walks the whole file to wrap every node, which doubles the metadata cost on modeling_t5.py.
     METADATA_DEPENDENCIES: ClassVar[Sequence[type]] = (ScopeProvider,)
 
-    def __init__(self, context: CodemodContext, module: str = "stateless") -> None:
-        super().__init__(context)
-        self.helper_module = module
+    Options = LeafHelperOptions
+
+    def __init__(self, context: CodemodContext, options: LeafHelperOptions | None = None, /,
+                 **values: object) -> None:
+        super().__init__(context, options, **values)
+        self.helper_module = self.options.module
         self.rewritten = False
 
     def rewrite(self, node: cst.If) -> cst.Assign | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import libcst as cst
 import libcst.matchers as m
@@ -19,6 +20,11 @@ _BOOL = m.Name("True") | m.Name("False")
 # the same object, so ``a < b is None`` equals ``a < b and b is None``.
 _REPEATABLE = m.Name() | m.Integer() | m.Float() | m.Imaginary() | m.SimpleString() | m.Ellipsis()
 _HAS_IDENTITY = m.Comparison(comparisons=[m.ZeroOrMore(), m.ComparisonTarget(_IDENTITY), m.ZeroOrMore()])
+
+
+@dataclass(frozen=True)
+class NoneChecksOptions:
+    module: str = "stateless"  # where the generated code imports is_None / is_not_None from
 
 
 def _is_check_against(target: m.BaseMatcherNode, left: cst.BaseExpression, right: cst.ComparisonTarget) -> bool:
@@ -74,9 +80,12 @@ class NoneChecks(Transform):
 
     METADATA_DEPENDENCIES = (PositionProvider,)
 
-    def __init__(self, context: CodemodContext, module: str = "stateless") -> None:
-        super().__init__(context)
-        self.helpers = module
+    Options = NoneChecksOptions
+
+    def __init__(self, context: CodemodContext, options: NoneChecksOptions | None = None, /,
+                 **values: object) -> None:
+        super().__init__(context, options, **values)
+        self.helpers = self.options.module
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         paths = _IdentityCheckPaths()

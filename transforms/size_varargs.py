@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from dataclasses import dataclass
 
 import libcst as cst
 from libcst.codemod import CodemodContext
@@ -11,6 +11,11 @@ from libcst.metadata import ScopeProvider
 from transforms.base import Transform
 
 FACTORIES = ("torch.ones", "torch.zeros", "torch.empty", "torch.rand", "torch.randn")
+
+
+@dataclass(frozen=True)
+class SizeVarargsOptions:
+    functions: tuple[str, ...] = FACTORIES  # qualified names of the factories to rewrite
 
 
 class SizeVarargs(Transform):
@@ -32,9 +37,12 @@ class SizeVarargs(Transform):
     DESCRIPTION = "torch.ones(a, b) and similar factories -> torch.ones((a, b))"
     METADATA_DEPENDENCIES = (ScopeProvider,)
 
-    def __init__(self, context: CodemodContext, functions: Iterable[str] = FACTORIES) -> None:
-        super().__init__(context)
-        self.functions = frozenset(functions)
+    Options = SizeVarargsOptions
+
+    def __init__(self, context: CodemodContext, options: SizeVarargsOptions | None = None, /,
+                 **values: object) -> None:
+        super().__init__(context, options, **values)
+        self.functions = frozenset(self.options.functions)
 
     # Imports, annotations and strings never hold a factory call worth rewriting.
     def visit_Import(self, node: cst.Import) -> bool:
