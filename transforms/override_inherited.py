@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import libcst as cst
@@ -87,6 +88,9 @@ class OverrideInherited(Transform):
                                  f"which {self.source} defines itself; cannot copy it")
             module, obj = self.support_imports[name]
             AddImportsVisitor.add_needed_import(self.context, module, obj)
+
+    def focus(self) -> Iterable[cst.CSTNode]:
+        return [s for s in self.module.body if isinstance(s, cst.ClassDef) and s.name.value == self.into]
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         return False  # methods are added whole; nothing inside any class is rewritten

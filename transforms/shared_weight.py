@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import libcst as cst
@@ -88,7 +89,11 @@ class SharedWeight(Transform):
             cst.Arg(cst.SimpleString(f'"{self.weight}"'))])
 
     def _is_weight_expression(self, node: cst.BaseExpression) -> bool:
-        return isinstance(node, cst.Call) and dotted_name(node.func) == f"{self.runtime}.shared_weight"
+        return isinstance(node, cst.Call) and f"{self.runtime}.shared_weight" in self.qualified_names(node)
+
+    def focus(self) -> Iterable[cst.CSTNode]:
+        return [s for s in self.module.body if isinstance(s, cst.ClassDef)
+                and (s.name.value == self.stack or s.name.value in self.models)]
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         self._class.append(node.name.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import libcst as cst
@@ -59,6 +60,11 @@ class SingleOutput(Transform):
         self.returns = {cls: cst.parse_expression(text) for cls, text in self.options.returns.items()}
         self.method = self.options.method
         self._classes: list[str] = []
+
+    def focus(self) -> Iterable[cst.CSTNode]:
+        return [method for cls in self.index.nodes(cst.ClassDef) if cls.name.value in self.returns
+                for method in cls.body.body if isinstance(method, cst.FunctionDef)
+                and method.name.value == self.method]
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         self._classes.append(node.name.value)

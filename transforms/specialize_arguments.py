@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -104,8 +104,23 @@ class SpecializeArguments(Transform):
         self._dropped_keywords: list[int] = []
         self._imported: set[str] = set()
 
-    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
-        return bool(self._dropped_keywords)  # module-level statements hold no functions
+    def focus(self) -> Iterable[cst.CSTNode]:
+        """Functions with a parameter to fix or a name a fact reads, and calls passing a fixed keyword."""
+        index = self.index
+        found: list[cst.CSTNode] = [
+            call for call in index.nodes(cst.Call)
+            if any(arg.keyword is not None and arg.keyword.value in self.constants for arg in call.args)]
+        for function in index.nodes(cst.FunctionDef):
+            params = function.params
+            if any(p.name.value in self.constants and p.default is not None
+                   for p in (*params.posonly_params, *params.params, *params.kwonly_params)):
+                found.append(function)
+        fact_names = {name for fact in self.facts for name in fact.names}
+        for scope in index.all_scopes:
+            for name in fact_names & scope.reads.keys():
+                found.extend(f for read in scope.reads[name] for f in index.ancestors(read)
+                             if isinstance(f, cst.FunctionDef))
+        return found
 
     def visit_Module(self, node: cst.Module) -> None:
         # Only "is the callee an imported name?" matters here, and the module's
