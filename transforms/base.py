@@ -99,9 +99,12 @@ class Transform(VisitorBasedCodemodCommand):
             targets = list(targets)
             if not targets:
                 return tree
-            index = self.index
             self._targets = {id(node) for node in targets}
-            self._focus = self._targets | {id(parent) for node in targets for parent in index.ancestors(node)}
+            if all(any(node is statement for statement in tree.body) for node in targets):
+                self._focus = self._targets | {id(tree)}  # top-level targets need no index
+            else:
+                index = self.index
+                self._focus = self._targets | {id(parent) for node in targets for parent in index.ancestors(node)}
         return super().transform_module_impl(tree)
 
     def on_visit(self, node: cst.CSTNode) -> bool:

@@ -62,9 +62,7 @@ class SingleOutput(Transform):
         self._classes: list[str] = []
 
     def focus(self) -> Iterable[cst.CSTNode]:
-        return [method for cls in self.index.nodes(cst.ClassDef) if cls.name.value in self.returns
-                for method in cls.body.body if isinstance(method, cst.FunctionDef)
-                and method.name.value == self.method]
+        return [cls for cls in self.module.body if isinstance(cls, cst.ClassDef) and cls.name.value in self.returns]
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         self._classes.append(node.name.value)

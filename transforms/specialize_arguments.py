@@ -103,6 +103,7 @@ class SpecializeArguments(Transform):
         self.facts = [fact.fact() for fact in self.options.facts]
         self._dropped_keywords: list[int] = []
         self._imported: set[str] = set()
+        self._fact_readers: set[int] = set()
 
     def focus(self) -> Iterable[cst.CSTNode]:
         """Functions with a parameter to fix or a name a fact reads, and calls passing a fixed keyword."""
@@ -115,11 +116,15 @@ class SpecializeArguments(Transform):
             if any(p.name.value in self.constants and p.default is not None
                    for p in (*params.posonly_params, *params.params, *params.kwonly_params)):
                 found.append(function)
-        fact_names = {name for fact in self.facts for name in fact.names}
+        # Functions reading every name of some fact: only there can a fact apply.
+        readers: dict[str, set[int]] = {}
         for scope in index.all_scopes:
-            for name in fact_names & scope.reads.keys():
-                found.extend(f for read in scope.reads[name] for f in index.ancestors(read)
-                             if isinstance(f, cst.FunctionDef))
+            for name in {n for fact in self.facts for n in fact.names} & scope.reads.keys():
+                readers.setdefault(name, set()).update(
+                    id(f) for read in scope.reads[name] for f in index.ancestors(read) if isinstance(f, cst.FunctionDef))
+        self._fact_readers = set().union(*(set.intersection(*(readers.get(n, set()) for n in fact.names))
+                                           for fact in self.facts if fact.names))
+        found.extend(f for f in index.nodes(cst.FunctionDef) if id(f) in self._fact_readers)
         return found
 
     def visit_Module(self, node: cst.Module) -> None:
@@ -151,7 +156,9 @@ class SpecializeArguments(Transform):
                        if p.name.value in self.constants and p.default is not None]
         if not isinstance(updated_node.body, cst.IndentedBlock):
             return updated_node
-        body, used_facts = rewrite_facts(self.facts, updated_node.body)
+        body, used_facts = updated_node.body, False
+        if id(original_node) in self._fact_readers:
+            body, used_facts = rewrite_facts(self.facts, updated_node.body)
         if not specialized and not dropped and not used_facts:
             return updated_node
         folder = FunctionFolder(self.pure_methods)

@@ -8,13 +8,25 @@ import libcst as cst
 
 from transforms.analysis.literals import is_constant, literal_value
 from transforms.analysis.names import bound_names, names_read
-from transforms.analysis.syntax import code_of
+from transforms.analysis.syntax import children, code_of
+
+
+def _occurs(expression: cst.BaseExpression, node: cst.CSTNode) -> bool:
+    """Whether ``expression`` occurs in ``node`` (a walk over fields; no node is rebuilt)."""
+    kind = type(expression)
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        if type(current) is kind and current.deep_equals(expression):
+            return True
+        pending.extend(children(current))
+    return False
 
 
 def rewrite_facts(facts: Sequence[Fact], body: cst.IndentedBlock) -> tuple[cst.IndentedBlock, bool]:
     """``body`` with the facts it uses replaced by their values and guarded; whether there were any."""
     reads = names_read(body)
-    relevant = [fact for fact in facts if fact.names <= reads]
+    relevant = [fact for fact in facts if fact.names <= reads and _occurs(fact.expression, body)]
     if not relevant:
         return body, False
     rewritten = body.visit(FactRewriter(relevant, bound_names(body)))

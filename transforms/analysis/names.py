@@ -6,107 +6,70 @@ from collections.abc import Iterable
 
 import libcst as cst
 
-from transforms.analysis.syntax import code_of, dotted_name
+from transforms.analysis.syntax import children, code_of, dotted_name
 
 _CONSTANT_NAMES = frozenset({"None", "True", "False"})
 
 
 def names_read(node: cst.CSTNode) -> set[str]:
-    """Every name an expression or statement may read (conservative: a superset)."""
-    reader = _NameReader()
-    node.visit(reader)
-    return reader.names
+    """Every name an expression or statement may read (conservative: a superset).
+
+    Attribute names after a dot, keywords of arguments and plain assignment
+    targets are not reads; everything else named is.  The walk reads the
+    nodes' fields: libcst's visitors would rebuild every node they pass.
+    """
+    names: set[str] = set()
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        kind = type(current)
+        if kind is cst.Name:
+            if current.value not in _CONSTANT_NAMES:  # type: ignore[attr-defined]
+                names.add(current.value)  # type: ignore[attr-defined]
+        elif kind is cst.Attribute or kind is cst.Arg:
+            pending.append(current.value)  # type: ignore[attr-defined]
+        elif kind is cst.AssignTarget:
+            if not isinstance(current.target, cst.Name):  # type: ignore[attr-defined]
+                pending.append(current.target)  # type: ignore[attr-defined]  # x[i] = ... reads x and i
+        else:
+            pending.extend(children(current))
+    return names
 
 
-class _NameReader(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-
-    def visit_Name(self, node: cst.Name) -> None:
-        if node.value not in _CONSTANT_NAMES:
-            self.names.add(node.value)
-
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-        node.value.visit(self)
-        return False
-
-    def visit_Arg(self, node: cst.Arg) -> bool:
-        node.value.visit(self)
-        return False
-
-    def visit_AssignTarget(self, node: cst.AssignTarget) -> bool:
-        if not isinstance(node.target, cst.Name):
-            node.target.visit(self)  # x[i] = ... reads x and i
-        return False
+_NEW_SCOPES = (cst.Lambda, cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
 
 
 def bound_names(node: cst.CSTNode) -> set[str]:
     """Names a statement (or target) binds anywhere inside it, nested functions excluded."""
-    collector = _BindingCollector()
-    node.visit(collector)
-    return collector.names
+    names: set[str] = set()
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        if isinstance(current, (cst.FunctionDef, cst.ClassDef)):
+            names.add(current.name.value)
+            continue
+        if isinstance(current, _NEW_SCOPES):
+            continue
+        if isinstance(current, (cst.AssignTarget, cst.AnnAssign, cst.AugAssign, cst.For, cst.Del)):
+            _add_targets(current.target, names)
+        elif isinstance(current, cst.NamedExpr):
+            _add_targets(current.target, names)
+        elif isinstance(current, cst.AsName):
+            _add_targets(current.name, names)
+        elif isinstance(current, cst.ImportAlias) and current.asname is None:
+            names.add(code_of(current.name).split(".")[0])
+        pending.extend(children(current))
+    return names
 
 
-class _BindingCollector(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-
-    def _targets(self, target: cst.CSTNode) -> None:
-        if isinstance(target, cst.Name):
-            self.names.add(target.value)
-        elif isinstance(target, (cst.Tuple, cst.List)):
-            for element in target.elements:
-                self._targets(element.value)
-        elif isinstance(target, cst.StarredElement):
-            self._targets(target.value)
-
-    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-        self._targets(node.target)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self._targets(node.target)
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self._targets(node.target)
-
-    def visit_For(self, node: cst.For) -> None:
-        self._targets(node.target)
-
-    def visit_AsName(self, node: cst.AsName) -> None:
-        self._targets(node.name)
-
-    def visit_Del(self, node: cst.Del) -> None:
-        self._targets(node.target)
-
-    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self._targets(node.target)
-
-    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
-        if node.asname is None:
-            self.names.add(code_of(node.name).split(".")[0])
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        self.names.add(node.name.value)
-        return False
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        self.names.add(node.name.value)
-        return False
-
-    def visit_Lambda(self, node: cst.Lambda) -> bool:
-        return False
-
-    def visit_ListComp(self, node: cst.ListComp) -> bool:
-        return False
-
-    def visit_SetComp(self, node: cst.SetComp) -> bool:
-        return False
-
-    def visit_GeneratorExp(self, node: cst.GeneratorExp) -> bool:
-        return False
-
-    def visit_DictComp(self, node: cst.DictComp) -> bool:
-        return False
+def _add_targets(target: cst.CSTNode, names: set[str]) -> None:
+    if isinstance(target, cst.Name):
+        names.add(target.value)
+    elif isinstance(target, (cst.Tuple, cst.List)):
+        for element in target.elements:
+            _add_targets(element.value, names)
+    elif isinstance(target, cst.StarredElement):
+        _add_targets(target.value, names)
 
 
 def name_targets(targets: Iterable[cst.BaseExpression]) -> set[str] | None:

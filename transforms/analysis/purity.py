@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
+from transforms.analysis.syntax import children
+
 
 PURE_BUILTINS = frozenset({"len", "isinstance", "range", "zip", "enumerate", "tuple", "list", "dict", "set",
                            "min", "max", "abs", "bool", "int", "float", "str", "type", "getattr", "hasattr"})
@@ -17,31 +19,15 @@ def is_pure(node: cst.CSTNode, pure_methods: frozenset[str] = frozenset()) -> bo
     Operators and attribute reads are taken to be effect-free, as they are on
     the tensors, tuples and configs of model code.
     """
-    checker = _PurityChecker(pure_methods)
-    node.visit(checker)
-    return checker.pure
-
-
-class _PurityChecker(cst.CSTVisitor):
-    def __init__(self, pure_methods: frozenset[str]) -> None:
-        self.pure = True
-        self.pure_methods = pure_methods
-
-    def visit_Call(self, node: cst.Call) -> None:
-        func = node.func
-        if isinstance(func, cst.Name) and func.value in PURE_BUILTINS:
-            return
-        if isinstance(func, cst.Attribute) and func.attr.value in self.pure_methods:
-            return
-        self.pure = False
-
-    def visit_Yield(self, node: cst.Yield) -> None:
-        self.pure = False
-
-    def visit_Await(self, node: cst.Await) -> None:
-        self.pure = False
-
-    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self.pure = False
-
-
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        if isinstance(current, cst.Call):
+            func = current.func
+            if not ((isinstance(func, cst.Name) and func.value in PURE_BUILTINS)
+                    or (isinstance(func, cst.Attribute) and func.attr.value in pure_methods)):
+                return False
+        elif isinstance(current, (cst.Yield, cst.Await, cst.NamedExpr)):
+            return False
+        pending.extend(children(current))
+    return True

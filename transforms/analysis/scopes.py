@@ -26,31 +26,12 @@ from typing import TypeVar
 import libcst as cst
 from libcst.helpers import get_absolute_module_from_package
 
-from transforms.analysis.syntax import dotted_name
+from transforms.analysis.syntax import children, dotted_name, field_names as _fields
 
 _N = TypeVar("_N", bound=cst.CSTNode)
 _BUILTINS = frozenset(dir(builtins))
 _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
-_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def _fields(node: cst.CSTNode) -> tuple[str, ...]:
-    kind = type(node)
-    if kind not in _FIELDS:
-        _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(node) if f.name not in ("lpar", "rpar"))
-    return _FIELDS[kind]
-
-
-def children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    """The node's children in field order (source order, except a def's decorators come last)."""
-    for name in _fields(node):
-        value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
-            yield value
-        elif isinstance(value, (tuple, list)):
-            yield from (item for item in value if isinstance(item, cst.CSTNode))
-
-
+_IS_STATEMENT: dict[type, bool] = {}
 @dataclasses.dataclass(eq=False)
 class Scope:
     node: cst.CSTNode  # the Module, FunctionDef, Lambda, ClassDef or comprehension
@@ -179,8 +160,12 @@ class ModuleIndex:
         if parent is not None:
             self.parents[id(node)] = parent
         self.scopes[id(node)] = scope
-        self.by_type[type(node)].append(node)
-        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+        kind = type(node)
+        self.by_type[kind].append(node)
+        statement = _IS_STATEMENT.get(kind)
+        if statement is None:
+            statement = _IS_STATEMENT[kind] = isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement))
+        if statement:
             self.order[id(node)] = len(self.order)
 
     def _walk(self, node: cst.CSTNode, parent: cst.CSTNode | None, scope: Scope, store: bool) -> None:

@@ -2,13 +2,45 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
 import libcst as cst
 
 _EMPTY = cst.Module(body=[])
 _Item = TypeVar("_Item", cst.Arg, cst.Param)
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+# isinstance against libcst's abstract base classes is slow; the walk asks once per type.
+_IS_NODE: dict[type, bool] = {tuple: False, list: False, type(None): False}
+
+
+def field_names(node: cst.CSTNode) -> tuple[str, ...]:
+    """The names of a node's fields that may hold child nodes (parentheses left out)."""
+    kind = type(node)
+    if kind not in _FIELDS:
+        _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(node) if f.name not in ("lpar", "rpar"))
+    return _FIELDS[kind]
+
+
+def is_node(value: object) -> bool:
+    kind = type(value)
+    flag = _IS_NODE.get(kind)
+    if flag is None:
+        flag = _IS_NODE[kind] = isinstance(value, cst.CSTNode)
+    return flag
+
+
+def children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """The node's children in field order (source order, except a def's decorators come last)."""
+    for name in field_names(node):
+        value = getattr(node, name)
+        if is_node(value):
+            yield value  # type: ignore[misc]  # _is_node checked it
+        elif type(value) is tuple or type(value) is list:
+            yield from (item for item in value if is_node(item))  # type: ignore[attr-defined]
 
 
 def code_of(node: cst.CSTNode) -> str:
