@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-
-import logging
 
 import libcst as cst
 from libcst.codemod import CodemodContext

@@ -22,10 +22,11 @@ say which releases it applies to and override options for release ranges::
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
+
+import tomllib
 
 from converter.errors import ConvertError
 from converter.versions import VersionError, VersionRange
@@ -136,8 +137,8 @@ def _step(raw: dict[str, Any]) -> TransformStep:
         except OptionError as error:
             raise error.under(f"overrides[{index}]") from None
         overrides.append(Override(versions, values))
-    versions = _range(raw["versions"]) if "versions" in raw else None
-    return TransformStep(name, options, versions, optional, tuple(overrides))
+    applies = _range(raw["versions"]) if "versions" in raw else None
+    return TransformStep(name, options, applies, optional, tuple(overrides))
 
 
 def _parse(data: dict[str, Any], origin: str) -> Recipe:

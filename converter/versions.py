@@ -15,12 +15,13 @@ import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 _RELEASE = re.compile(r"(\d+(?:\.\d+)*)(?:(a|b|rc)(\d+))?(?:\.post(\d+))?(?:\.dev(\d+))?")
 _CLAUSE = re.compile(r"\s*(==|!=|<=|>=|<|>)\s*([0-9][0-9a-z.]*?)(\.\*)?\s*")
 _PHASES = {"a": 0, "b": 1, "rc": 2}
 _FINAL = 3
-_OPERATORS: dict[str, Callable[[object, object], bool]] = {
+_OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
     "==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import libcst as cst
 import pytest
-
 from conftest import FIXTURES, REPO
+
 from converter.errors import ConvertError
 from converter.fetch import Fetcher
 from converter.pipeline import transform_module

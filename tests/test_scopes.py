@@ -6,10 +6,10 @@ from textwrap import dedent
 
 import libcst as cst
 import pytest
+from conftest import REPO, T5_SOURCE
 from libcst.helpers import get_absolute_module_from_package
 from libcst.metadata import QualifiedNameProvider
 
-from conftest import REPO, T5_SOURCE
 from transforms.analysis.scopes import ModuleIndex
 from transforms.analysis.syntax import dotted_name
 

@@ -117,8 +117,7 @@ class Transform(VisitorBasedCodemodCommand):
             self._inside += 1
         return super().on_visit(node)
 
-    def on_leave(self, original_node: CSTNodeT,
-                 updated_node: CSTNodeT) -> CSTNodeT | cst.RemovalSentinel | cst.FlattenSentinel[CSTNodeT]:
+    def on_leave(self, original_node: CSTNodeT, updated_node: CSTNodeT) -> CSTNodeT | cst.RemovalSentinel:
         if self._focus is not None:
             if self._inside:
                 self._inside -= 1

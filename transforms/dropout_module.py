@@ -109,7 +109,7 @@ class DropoutModule(Transform):
             self._stack.append(_Method(node.name.value, receiver(node)))
             return True
         # A closure inside a method still sees the method's instance, unless a parameter shadows it.
-        shadowed = parent.receiver in {param.name.value for param in m.findall(node.params, m.Param())}
+        shadowed = parent.receiver in {p.name.value for p in m.findall(node.params, m.Param()) if isinstance(p, cst.Param)}
         self._stack.append(_Method(parent.name, None if shadowed else parent.receiver))
         return True
 

@@ -14,7 +14,6 @@ from libcst.codemod.visitors import AddImportsVisitor
 from transforms.analysis.syntax import is_docstring, is_import_line
 from transforms.base import Transform
 
-
 FLOAT16 = ("torch.float16", "torch.half")
 
 

@@ -81,7 +81,7 @@ def _convert(kind: Any, value: object) -> Any:
         inner = [arg for arg in args if arg is not type(None)]
         return _convert(inner[0] if len(inner) == 1 else Any, value)
     if dataclasses.is_dataclass(kind):
-        return parse_options(kind, value)
+        return parse_options(typing.cast(type, kind), value)
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise OptionError("", f"expected a list, not {_describe(value)}")

@@ -10,8 +10,8 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 
-from transforms.base import SUPPORT_SOURCES, Transform, TransformError
 from transforms.analysis.names import bound_names, module_imports, names_read
+from transforms.base import SUPPORT_SOURCES, Transform, TransformError
 
 _BUILTINS = frozenset(dir(builtins)) | {"self"}
 

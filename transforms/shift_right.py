@@ -14,7 +14,6 @@ from transforms.analysis.names import imports_module
 from transforms.analysis.syntax import root_name
 from transforms.base import Transform
 
-
 _Simple = TypeVar("_Simple", cst.SimpleStatementLine, cst.SimpleStatementSuite)
 # A plain ``a.b.c`` chain: evaluating it twice is as good as once.
 _REFERENCE = m.MatchIfTrue(lambda node: root_name(node) is not None)

@@ -170,6 +170,7 @@ class SpecializeArguments(Transform):
             return updated_node
         liveness = Liveness(self.pure_methods)
         # Only what folding made dead goes: code the recipe does not touch stays as written.
+        assert isinstance(original_node.body, cst.IndentedBlock)
         statements = liveness.remove_dead(statements, liveness.live(original_node.body.body))
         statements = self._bind_at_entry(statements, [name for name in specialized if name in folder.observed])
         return updated_node.with_changes(params=params.with_changes(

@@ -162,9 +162,10 @@ class ClassFamily:
                 elif isinstance(statement, cst.SimpleStatementLine):
                     for assignment in m.findall(statement, m.AssignTarget() | m.AnnAssign()):
                         target = assignment.target  # type: ignore[attr-defined]  # both kinds have one
-                        names.update(name.value for name in m.findall(target, m.Name()))
+                        names.update(n.value for n in m.findall(target, m.Name()) if isinstance(n, cst.Name))
             for _, method, owner in methods(node):
-                names.update(a.attr.value for a in m.findall(method, m.Attribute(value=m.Name(owner))))
+                names.update(a.attr.value for a in m.findall(method, m.Attribute(value=m.Name(owner)))
+                             if isinstance(a, cst.Attribute))
         return self._names[id(node)]
 
 

@@ -57,7 +57,7 @@ class Fact:
         value = literal_value(self.value)
         if value is True:
             check: cst.BaseExpression = subject
-        elif value is False and _invertible(subject):
+        elif value is False and isinstance(subject, cst.Comparison) and _invertible(subject):
             target = subject.comparisons[0]
             inverse = _INVERSE[type(target.operator)]()
             check = subject.with_changes(comparisons=[target.with_changes(operator=inverse)])
@@ -114,9 +114,7 @@ class FactRewriter(cst.CSTTransformer):
             self.pending.append([])
         return super().on_visit(node)
 
-    # The generic signature promises a node of the original's type back; a fact's
-    # value replaces an expression of another type, which it cannot express.
-    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[override]
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # noqa: ANN201  # any node back
         if isinstance(original_node, cst.BaseExpression):
             for fact in self.facts:
                 if original_node.deep_equals(fact.expression):

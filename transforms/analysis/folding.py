@@ -17,7 +17,6 @@ from transforms.analysis.literals import NO_VALUE, constant, literal_value
 from transforms.analysis.names import names_read
 from transforms.analysis.purity import is_pure
 
-
 _SCOPES = (cst.Lambda, cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
 
 

@@ -6,7 +6,6 @@ import libcst as cst
 
 from transforms.analysis.syntax import children
 
-
 PURE_BUILTINS = frozenset({"len", "isinstance", "range", "zip", "enumerate", "tuple", "list", "dict", "set",
                            "min", "max", "abs", "bool", "int", "float", "str", "type", "getattr", "hasattr"})
 

@@ -20,13 +20,14 @@ from __future__ import annotations
 import builtins
 import dataclasses
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import libcst as cst
 from libcst.helpers import get_absolute_module_from_package
 
-from transforms.analysis.syntax import children, dotted_name, field_names as _fields
+from transforms.analysis.syntax import children, dotted_name
+from transforms.analysis.syntax import field_names as _fields
 
 _N = TypeVar("_N", bound=cst.CSTNode)
 _BUILTINS = frozenset(dir(builtins))
@@ -220,7 +221,7 @@ class ModuleIndex:
 
     def _comprehension(self, node: cst.CSTNode, scope: Scope, store: bool) -> None:
         inner = self._opened(node, scope)
-        comp: cst.CompFor | None = getattr(node, "for_in")
+        comp: cst.CompFor | None = node.for_in  # type: ignore[attr-defined]  # every comprehension has one
         holder = node
         while comp is not None:
             self._record(comp, holder, inner)
@@ -296,7 +297,7 @@ def _all_params(params: cst.Parameters) -> list[cst.Param]:
     return found
 
 
-_HANDLERS = {
+_HANDLERS: dict[type, Callable[[ModuleIndex, Any, Scope, bool], None]] = {
     cst.FunctionDef: ModuleIndex._function, cst.Lambda: ModuleIndex._function, cst.ClassDef: ModuleIndex._class,
     **{kind: ModuleIndex._comprehension for kind in _COMPREHENSIONS},
     cst.Import: ModuleIndex._import, cst.ImportFrom: ModuleIndex._import,

@@ -38,9 +38,9 @@ def children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     for name in field_names(node):
         value = getattr(node, name)
         if is_node(value):
-            yield value  # type: ignore[misc]  # _is_node checked it
+            yield value
         elif type(value) is tuple or type(value) is list:
-            yield from (item for item in value if is_node(item))  # type: ignore[attr-defined]
+            yield from (item for item in value if is_node(item))
 
 
 def code_of(node: cst.CSTNode) -> str:
