@@ -8,7 +8,9 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.codemod import CodemodContext
 
+from transforms.analysis.liveness import Liveness
 from transforms.analysis.names import bound_names, names_read
+from transforms.analysis.syntax import indented
 from transforms.base import Transform, TransformError
 from transforms.options import OptionError
 
@@ -92,7 +94,13 @@ class SingleOutput(Transform):
         if missing:
             raise TransformError(f"{self._classes[-1]}.{self.method} does not bind "
                              f"{', '.join(missing)} used by its recipe return value")
-        return updated_node.with_changes(body=updated_node.body.visit(_ReturnReplacer(value)))
+        body = updated_node.body.visit(_ReturnReplacer(value))
+        if isinstance(body, cst.IndentedBlock) and isinstance(updated_node.body, cst.IndentedBlock):
+            # What fed only the old return values is dead now: drop it where that loses no effect.
+            liveness = Liveness(frozenset())
+            fed_returns = liveness.live(updated_node.body.body)
+            body = indented(liveness.remove_dead(body.body, fed_returns), body)
+        return updated_node.with_changes(body=body)
 
 
 class _ReturnReplacer(cst.CSTTransformer):
