@@ -11,6 +11,7 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 
 from transforms.analysis.names import bound_names, module_imports, names_read
+from transforms.analysis.syntax import all_params
 from transforms.base import SUPPORT_SOURCES, Transform, TransformError
 
 _BUILTINS = frozenset(dir(builtins)) | {"self"}
@@ -73,7 +74,7 @@ class OverrideInherited(Transform):
         self.copies = {name: found[name] for name in self.methods}
 
     def _schedule_imports(self, method: cst.FunctionDef) -> None:
-        params = [*method.params.posonly_params, *method.params.params, *method.params.kwonly_params]
+        params = all_params(method.params)
         # Annotations, defaults and decorators are evaluated in the module's scope,
         # even where a parameter has the same name (`device: device`).
         header: set[str] = set()

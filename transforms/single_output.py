@@ -10,7 +10,7 @@ from libcst.codemod import CodemodContext
 
 from transforms.analysis.liveness import Liveness
 from transforms.analysis.names import bound_names, names_read
-from transforms.analysis.syntax import indented
+from transforms.analysis.syntax import all_params, indented
 from transforms.base import Transform, TransformError
 from transforms.options import OptionError
 
@@ -88,7 +88,7 @@ class SingleOutput(Transform):
         if value is None:
             return updated_node
         params = updated_node.params
-        bound = {p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)}
+        bound = {p.name.value for p in all_params(params)}
         bound |= bound_names(updated_node.body)
         missing = sorted(names_read(value) - bound - {"self"})
         if missing:

@@ -15,7 +15,7 @@ from transforms.analysis.literals import is_constant
 from transforms.analysis.liveness import Liveness
 from transforms.analysis.names import module_imports
 from transforms.analysis.propagation import FunctionFolder, Unsupported
-from transforms.analysis.syntax import drop_items, indented, is_docstring, root_name
+from transforms.analysis.syntax import all_params, drop_items, indented, is_docstring, root_name
 from transforms.base import Transform
 from transforms.options import OptionError
 
@@ -114,7 +114,7 @@ class SpecializeArguments(Transform):
         for function in index.nodes(cst.FunctionDef):
             params = function.params
             if any(p.name.value in self.constants and p.default is not None
-                   for p in (*params.posonly_params, *params.params, *params.kwonly_params)):
+                   for p in all_params(params)):
                 found.append(function)
         # Functions reading every name of some fact: only there can a fact apply.
         readers: dict[str, set[int]] = {}
@@ -152,7 +152,7 @@ class SpecializeArguments(Transform):
             self._dropped_keywords[-1] += dropped
         params = updated_node.params
         # Only optional parameters: a caller may pass a required one positionally.
-        specialized = [p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)
+        specialized = [p.name.value for p in all_params(params)
                        if p.name.value in self.constants and p.default is not None]
         if not isinstance(updated_node.body, cst.IndentedBlock):
             return updated_node

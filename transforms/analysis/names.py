@@ -22,15 +22,14 @@ def names_read(node: cst.CSTNode) -> set[str]:
     pending = [node]
     while pending:
         current = pending.pop()
-        kind = type(current)
-        if kind is cst.Name:
-            if current.value not in _CONSTANT_NAMES:  # type: ignore[attr-defined]
-                names.add(current.value)  # type: ignore[attr-defined]
-        elif kind is cst.Attribute or kind is cst.Arg:
-            pending.append(current.value)  # type: ignore[attr-defined]
-        elif kind is cst.AssignTarget:
-            if not isinstance(current.target, cst.Name):  # type: ignore[attr-defined]
-                pending.append(current.target)  # type: ignore[attr-defined]  # x[i] = ... reads x and i
+        if isinstance(current, cst.Name):
+            if current.value not in _CONSTANT_NAMES:
+                names.add(current.value)
+        elif isinstance(current, (cst.Attribute, cst.Arg)):
+            pending.append(current.value)
+        elif isinstance(current, cst.AssignTarget):
+            if not isinstance(current.target, cst.Name):
+                pending.append(current.target)  # x[i] = ... reads x and i
         else:
             pending.extend(children(current))
     return names

@@ -1,18 +1,14 @@
 """Scopes, qualified names and an index of a module, from one walk over its nodes' fields.
 
-libcst's visitors rebuild every node they pass, and its ``ScopeProvider`` is
-such a visitor with much bookkeeping on top: on a large modeling file it costs
-several parses, once per transform that asks.  :class:`ModuleIndex` reads the
-nodes' dataclass fields instead (no node is built) and records, per node, its
-parent and scope, and per scope the names it binds and reads.  It answers what
-the transforms ask: the qualified names an expression may refer to (as
-``QualifiedNameProvider`` would, relative imports made absolute), where a
-local name is bound and read, and which nodes of a kind the module holds.
+libcst's visitors rebuild every node they pass, and its ``ScopeProvider`` costs several parses
+per transform that asks.  :class:`ModuleIndex` reads the nodes' dataclass fields instead and
+records each node's parent and scope, and each scope's bindings and reads.  It answers what the
+transforms ask: the qualified names an expression may refer to (as ``QualifiedNameProvider``
+would, relative imports made absolute), where a local is bound and read, the nodes of a kind.
 
-Scoping follows Python: function bodies, lambdas and comprehensions open
-scopes; a class body is a scope its methods do not see; ``global`` and
-``nonlocal`` send a name outward; defaults, decorators, bases and a
-comprehension's first iterable belong to the enclosing scope.
+Scoping follows Python: function bodies, lambdas and comprehensions open scopes; a class body
+is a scope its methods do not see; ``global``/``nonlocal`` send a name outward; defaults,
+decorators, bases and a comprehension's first iterable belong to the enclosing scope.
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ from typing import Any, TypeVar
 import libcst as cst
 from libcst.helpers import get_absolute_module_from_package
 
-from transforms.analysis.syntax import children, dotted_name
+from transforms.analysis.syntax import all_params, children, dotted_name
 from transforms.analysis.syntax import field_names as _fields
 
 _N = TypeVar("_N", bound=cst.CSTNode)
@@ -206,7 +202,7 @@ class ModuleIndex:
             self._each(node, ("decorators", "returns"), scope)
         inner = self._opened(node, scope)
         self._record(node.params, node, scope)
-        for param in _all_params(node.params):
+        for param in all_params(node.params, starred=True):
             self._record(param, node.params, scope)
             self._record(param.name, param, inner)
             inner.bindings[param.name.value].append(param)
@@ -289,12 +285,6 @@ class ModuleIndex:
 
     def _subscript(self, node: cst.Subscript, scope: Scope, store: bool) -> None:
         self._each(node, ("value", "slice"), scope)
-
-
-def _all_params(params: cst.Parameters) -> list[cst.Param]:
-    found = [*params.posonly_params, *params.params, *params.kwonly_params]
-    found += [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
-    return found
 
 
 _HANDLERS: dict[type, Callable[[ModuleIndex, Any, Scope, bool], None]] = {

@@ -87,6 +87,14 @@ def is_import_line(statement: cst.CSTNode) -> bool:
             and all(isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body))
 
 
+def all_params(params: cst.Parameters, starred: bool = False) -> list[cst.Param]:
+    """The named parameters in order; with ``starred``, ``*args`` and ``**kwargs`` too."""
+    found = [*params.posonly_params, *params.params, *params.kwonly_params]
+    if starred:
+        found += [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
+    return found
+
+
 def drop_items(items: Sequence[_Item], keep: Sequence[bool]) -> list[_Item]:
     """Remove items from a comma-separated list, keeping the original trailing-comma style."""
     kept = [item for item, flag in zip(items, keep) if flag]
