@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-
-import logging
 
 import libcst as cst
 from libcst.codemod import CodemodContext
@@ -14,9 +13,11 @@ from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from converter import __version__
 from converter.errors import ConvertError
 from converter.fetch import SourceFile
-from converter.recipes import Recipe
+from converter.recipes import Recipe, TransformStep
 from transforms import REGISTRY
-from transforms.base import DEFER_IMPORT_EDITS
+from transforms.analysis.syntax import is_docstring, is_import_line
+from transforms.base import DEFER_IMPORT_EDITS, SUPPORT_SOURCES, TransformError
+from transforms.options import OptionError
 
 log = logging.getLogger("converter")
 
@@ -51,21 +52,21 @@ def _check_classes(tree: cst.Module, recipe: Recipe, display_name: str) -> None:
             raise ConvertError(f"{display_name}: missing class {name} required by recipe {recipe.family!r}")
 
 
-def transform_module(tree: cst.Module, recipe: Recipe, supports: dict[str, SourceFile]) -> cst.Module:
-    """Apply every transform of ``recipe`` in order; the result is a fixed point."""
+def transform_module(tree: cst.Module, recipe: Recipe, supports: dict[str, SourceFile],
+                     version: str | None = None) -> cst.Module:
+    """Apply the transforms of ``recipe`` that apply to release ``version``, in order.
+
+    The result is a fixed point.  ``version`` None stands for a release the
+    recipe knows nothing of: steps limited to release ranges are skipped.
+    """
     context = CodemodContext(
         filename=PurePosixPath(recipe.source).name,
         full_module_name=recipe.module_name,
         full_package_name=recipe.module_name.rpartition(".")[0],
-        scratch={"support_sources": {m: s.text for m, s in supports.items()}, DEFER_IMPORT_EDITS: True},
+        scratch={SUPPORT_SOURCES: {m: s.text for m, s in supports.items()}, DEFER_IMPORT_EDITS: True},
     )
-    for step in recipe.transforms:
-        if step.name not in REGISTRY:
-            raise ConvertError(f"recipe {recipe.family!r} names unknown transform {step.name!r}")
-        try:
-            tree = REGISTRY[step.name](context, **step.options).transform_module(tree)
-        except (ValueError, TypeError) as exc:  # recipe options that do not fit the source
-            raise ConvertError(f"recipe {recipe.family!r}, transform {step.name}: {exc}") from None
+    for step in recipe.steps_for(version):
+        tree = _apply(step, tree, context, recipe, version)
     if AddImportsVisitor.CONTEXT_KEY in context.scratch:
         tree = add_imports(tree, context)
     if RemoveImportsVisitor.CONTEXT_KEY in context.scratch:
@@ -75,11 +76,29 @@ def transform_module(tree: cst.Module, recipe: Recipe, supports: dict[str, Sourc
     return tree
 
 
+def _apply(step: TransformStep, tree: cst.Module, context: CodemodContext, recipe: Recipe,
+           version: str | None) -> cst.Module:
+    """One step: a source it does not fit is a one-line error, finding nothing a warning."""
+    try:
+        options = step.options_for(version)
+    except OptionError as exc:  # overrides that only clash when combined
+        raise ConvertError(f"recipe {recipe.family!r}, transform {step.name}, release {version}: {exc}") from None
+    try:
+        result = REGISTRY[step.name](context, options).transform_module(tree)
+    except TransformError as exc:
+        release = f"{recipe.package} {version}" if version else recipe.package
+        raise ConvertError(f"transform {step.name} does not apply to {release}: {exc}") from None
+    except Exception as exc:
+        exc.add_note(f"(raised by transform {step.name}: a bug in the transform, not in the recipe or source)")
+        raise
+    if not step.optional and result.deep_equals(tree):
+        context.warnings.append(f"transform {step.name} found nothing to rewrite (mark the step "
+                                f"optional = true in the recipe if that is expected)")
+    return result
+
+
 def _is_import_block_statement(statement: cst.BaseStatement) -> bool:
-    return isinstance(statement, cst.SimpleStatementLine) and all(
-        isinstance(small, (cst.Import, cst.ImportFrom))
-        or (isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)))
-        for small in statement.body)
+    return is_import_line(statement) or is_docstring(statement)
 
 
 def add_imports(tree: cst.Module, context: CodemodContext) -> cst.Module:
@@ -116,7 +135,7 @@ def header(conv: Conversion) -> str:
     ]
     for member in conv.recipe.support:
         lines.append(f"# support: {member} sha256 {conv.sources[member].sha256}")
-    lines.append("# transforms: " + (", ".join(s.name for s in conv.recipe.transforms) or "none"))
+    lines.append("# transforms: " + (", ".join(s.name for s in conv.recipe.steps_for(conv.version)) or "none"))
     lines.append(f"# regenerate: {conv.command}")
     return "\n".join(lines) + "\n"
 
@@ -127,7 +146,7 @@ def render(conv: Conversion, display_name: str) -> dict[PurePosixPath, str]:
     tree = parse(conv.sources[recipe.source], display_name)
     _check_classes(tree, recipe, display_name)
     supports = {m: conv.sources[m] for m in recipe.support}
-    code = transform_module(tree, recipe, supports).code
+    code = transform_module(tree, recipe, supports, conv.version).code
     top = header(conv)
     module_file = PurePosixPath(recipe.source).name
     package = PurePosixPath(recipe.family) / version_dir(conv.version)

@@ -18,7 +18,7 @@ from converter.recipes import get_recipe  # noqa: E402
 from converter.pipeline import add_imports  # noqa: E402
 
 from transforms import REGISTRY  # noqa: E402
-from transforms.base import DEFER_IMPORT_EDITS  # noqa: E402
+from transforms.base import DEFER_IMPORT_EDITS, SUPPORT_SOURCES  # noqa: E402
 
 
 def main() -> int:
@@ -34,9 +34,9 @@ def main() -> int:
     total = 0.0
     shared = CodemodContext(full_module_name=recipe.module_name,
                             full_package_name=recipe.module_name.rpartition(".")[0],
-                            scratch={"support_sources": supports, DEFER_IMPORT_EDITS: True})
-    steps = [(s.name, lambda ctx, tree, s=s: REGISTRY[s.name](ctx, **s.options).transform_module(tree))
-             for s in recipe.transforms]
+                            scratch={SUPPORT_SOURCES: supports, DEFER_IMPORT_EDITS: True})
+    steps = [(s.name, lambda ctx, tree, s=s: REGISTRY[s.name](ctx, s.options_for(args.version)).transform_module(tree))
+             for s in recipe.steps_for(args.version)]
     steps.append(("(import edits)", lambda ctx, tree: add_imports(tree, ctx)))
     for name, apply in steps:
         best, result = float("inf"), tree

@@ -1,6 +1,7 @@
 """libcst transforms, one per module; recipes refer to them by their registry name."""
 
 from transforms.absolute_imports import AbsoluteImports
+from transforms.base import Transform
 from transforms.dropout_module import DropoutModule
 from transforms.fp16_clamp import Fp16Clamp
 from transforms.half_weight_cast import HalfWeightCast
@@ -13,7 +14,7 @@ from transforms.single_output import SingleOutput
 from transforms.size_varargs import SizeVarargs
 from transforms.specialize_arguments import SpecializeArguments
 
-REGISTRY = {
+REGISTRY: dict[str, type[Transform]] = {
     "absolute_imports": AbsoluteImports,
     "override_inherited": OverrideInherited,
     "single_output": SingleOutput,

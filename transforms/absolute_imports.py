@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import libcst as cst
-from transforms.base import Transform
 from libcst.helpers import get_absolute_module_for_import_or_raise
+
+from transforms.base import Transform
 
 
 class AbsoluteImports(Transform):
@@ -22,9 +25,8 @@ class AbsoluteImports(Transform):
 
     DESCRIPTION = "relative imports -> absolute imports of the same names"
 
-    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
-        # Imports are statements, never inside expressions: skip everything else.
-        return any(isinstance(statement, cst.ImportFrom) for statement in node.body)
+    def focus(self) -> Iterable[cst.CSTNode]:
+        return [node for node in self.index.nodes(cst.ImportFrom) if node.relative]
 
     def leave_ImportFrom(self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom) -> cst.ImportFrom:
         if not updated_node.relative:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import ScopeProvider
 
 from transforms.leaf_helper import FLOAT16, LeafHelperRewrite, block
 
@@ -58,6 +57,11 @@ class Fp16Clamp(LeafHelperRewrite):
         return m.If(test=m.BooleanOperation(left=is_half, operator=m.And(), right=has_inf),
                     body=block(bound_value, clamp), orelse=None)
 
+    def candidate(self, node: cst.If) -> bool:
+        test = node.test  # ``<x>.dtype == ... and ...``
+        return isinstance(test, cst.BooleanOperation) and isinstance(test.left, cst.Comparison) \
+            and isinstance(test.left.left, cst.Attribute) and test.left.left.attr.value == "dtype"
+
     def rewrite(self, node: cst.If) -> cst.Assign | None:
         names = self._idiom_names(node)
         if names is None:
@@ -83,15 +87,15 @@ class Fp16Clamp(LeafHelperRewrite):
         return x, bound
 
     def _read_outside_idioms(self, bound: cst.Name) -> bool:
-        """Whether a variable named like ``bound`` is read anywhere but inside a clamp idiom.
+        """Whether the variable ``bound`` is read anywhere but inside a clamp idiom.
 
         Scope analysis is flow-insensitive: every clamp block of a function
         assigns and reads the same name, but only its own assignment reaches
         its read, so reads inside clamp blocks are harmless.
         """
-        scope = self.get_metadata(ScopeProvider, bound)
-        idiom_reads = {id(read) for idiom in m.findall(scope.node, m.If())
-                       if (names := self._idiom_names(idiom)) is not None and names[1].value == bound.value
-                       for read in m.findall(idiom, m.Name(bound.value))}
-        return any(id(access.node) not in idiom_reads
-                   for assignment in scope.assignments[bound.value] for access in assignment.references)
+        _, reads = self.index.local_uses(bound)
+        return not all(self._in_idiom_of(read, bound.value) for read in reads)
+
+    def _in_idiom_of(self, read: cst.Name, bound: str) -> bool:
+        return any(isinstance(node, cst.If) and (names := self._idiom_names(node)) is not None
+                   and names[1].value == bound for node in self.index.ancestors(read))

@@ -8,6 +8,12 @@ import libcst.matchers as m
 from transforms.leaf_helper import FLOAT16, LeafHelperRewrite, block
 
 
+def _tests_dtype(test: cst.BaseExpression) -> bool:
+    """``<x>.dtype == ...``."""
+    return isinstance(test, cst.Comparison) and isinstance(test.left, cst.Attribute) \
+        and test.left.attr.value == "dtype"
+
+
 class HalfWeightCast(LeafHelperRewrite):
     """Replace a cast to float16 guarded by a parameter's dtype with ``cast_to_half_weight``.
 
@@ -33,6 +39,9 @@ class HalfWeightCast(LeafHelperRewrite):
                         value=m.Call(func=m.Attribute(value=x, attr=m.Name("to")),
                                      args=[m.Arg(half, keyword=None, star="")]))
         return m.If(test=weight_is_half, body=block(cast), orelse=None)
+
+    def candidate(self, node: cst.If) -> bool:
+        return _tests_dtype(node.test)
 
     def rewrite(self, node: cst.If) -> cst.Assign | None:
         found = self.extract(node, self._cast_idiom(m.SaveMatchedNode(m.Name(), "x")))

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 import libcst as cst
 import libcst.matchers as m
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
-from libcst.metadata import ScopeProvider
 
+from transforms.analysis.syntax import is_docstring, is_import_line
 from transforms.base import Transform
 
-
 FLOAT16 = ("torch.float16", "torch.half")
+
+
+@dataclass(frozen=True)
+class LeafHelperOptions:
+    module: str = "stateless"  # where the generated code imports the helper from
 
 
 def block(*statements: m.BaseSmallStatementMatchType) -> m.BaseSuiteMatchType:
@@ -23,10 +28,6 @@ def block(*statements: m.BaseSmallStatementMatchType) -> m.BaseSuiteMatchType:
         m.IndentedBlock(body=[m.SimpleStatementLine(body=[statement]) for statement in statements]),
         m.SimpleStatementSuite(body=list(statements)),
     )
-
-
-def _is_import(statement: cst.CSTNode) -> bool:
-    return m.matches(statement, m.SimpleStatementLine(body=[m.AtLeastN(m.Import() | m.ImportFrom(), n=1)]))
 
 
 class LeafHelperRewrite(Transform):
@@ -40,18 +41,25 @@ class LeafHelperRewrite(Transform):
     """
 
     HELPER: ClassVar[str]
-    # Qualified names come straight from the scopes: QualifiedNameProvider computes the same thing but
-    # first walks the whole file to wrap every node, which doubles the metadata cost on modeling_t5.py.
-    METADATA_DEPENDENCIES: ClassVar[Sequence[type]] = (ScopeProvider,)
 
-    def __init__(self, context: CodemodContext, module: str = "stateless") -> None:
-        super().__init__(context)
-        self.helper_module = module
+    Options = LeafHelperOptions
+
+    def __init__(self, context: CodemodContext, options: LeafHelperOptions | None = None, /,
+                 **values: object) -> None:
+        super().__init__(context, options, **values)
+        self.helper_module = self.options.module
         self.rewritten = False
 
     def rewrite(self, node: cst.If) -> cst.Assign | None:
         """The assignment that replaces ``node`` (an original-tree node), or None to keep it."""
         raise NotImplementedError
+
+    def candidate(self, node: cst.If) -> bool:
+        """A cheap test that ``node`` may be the idiom (:meth:`rewrite` decides)."""
+        return True
+
+    def focus(self) -> Iterable[cst.CSTNode]:
+        return [node for node in self.index.nodes(cst.If) if self.candidate(node)]
 
     def resolves_to(self, *names: str) -> m.MatchIfTrue:
         """Matches an expression naming one of ``names``, whatever alias imported it."""
@@ -104,8 +112,8 @@ class LeafHelperRewrite(Transform):
         statements = original_node.body
         if any(self.matches(statement, self._fx_wrap(self.HELPER)) for statement in statements):
             return updated_node
-        imports = [index for index, statement in enumerate(statements) if _is_import(statement)]
-        position = imports[-1] + 1 if imports else int(bool(statements) and _is_docstring(statements[0]))
+        imports = [index for index, statement in enumerate(statements) if is_import_line(statement)]
+        position = imports[-1] + 1 if imports else int(bool(statements) and is_docstring(statements[0]))
         wrap = cst.parse_statement(f'torch.fx.wrap("{self.HELPER}")\n')
         if imports:
             wrap = wrap.with_changes(leading_lines=[cst.EmptyLine()])
@@ -131,7 +139,3 @@ def _replacement(idiom: cst.If, assignment: cst.Assign) -> cst.SimpleStatementLi
     inner = m.findall(idiom.with_changes(leading_lines=()), m.Comment())
     hoisted = [cst.EmptyLine(comment=comment) for comment in inner if isinstance(comment, cst.Comment)]
     return cst.SimpleStatementLine(body=[assignment], leading_lines=[*idiom.leading_lines, *hoisted])
-
-
-def _is_docstring(statement: cst.CSTNode) -> bool:
-    return m.matches(statement, m.SimpleStatementLine(body=[m.Expr(m.SimpleString() | m.ConcatenatedString())]))

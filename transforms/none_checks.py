@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import libcst as cst
 import libcst.matchers as m
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
-from libcst.metadata import PositionProvider
 
+from transforms.analysis.syntax import code_of
 from transforms.base import Transform
 
 _IDENTITY = m.Is() | m.IsNot()
@@ -19,6 +20,11 @@ _BOOL = m.Name("True") | m.Name("False")
 # the same object, so ``a < b is None`` equals ``a < b and b is None``.
 _REPEATABLE = m.Name() | m.Integer() | m.Float() | m.Imaginary() | m.SimpleString() | m.Ellipsis()
 _HAS_IDENTITY = m.Comparison(comparisons=[m.ZeroOrMore(), m.ComparisonTarget(_IDENTITY), m.ZeroOrMore()])
+
+
+@dataclass(frozen=True)
+class NoneChecksOptions:
+    module: str = "stateless"  # where the generated code imports is_None / is_not_None from
 
 
 def _is_check_against(target: m.BaseMatcherNode, left: cst.BaseExpression, right: cst.ComparisonTarget) -> bool:
@@ -38,23 +44,6 @@ def _kept_comments(*spaces: cst.BaseParenthesizableWhitespace | None) -> cst.Bas
         indent=broken[-1].indent, last_line=margin)
 
 
-class _IdentityCheckPaths(cst.CSTVisitor):
-    """Collects every node on the way from the root to an ``is`` / ``is not`` comparison."""
-
-    def __init__(self) -> None:
-        self.path: list[cst.CSTNode] = []
-        self.on_path: set[cst.CSTNode] = set()
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        self.path.append(node)
-        if isinstance(node, cst.Comparison) and m.matches(node, _HAS_IDENTITY):
-            self.on_path.update(self.path)
-        return True
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        self.path.pop()
-
-
 class NoneChecks(Transform):
     """Rewrite identity comparisons with ``None`` into calls of named helpers.
 
@@ -72,22 +61,15 @@ class NoneChecks(Transform):
 
     DESCRIPTION = "x is None / x is not None -> is_None(x) / is_not_None(x)"
 
-    METADATA_DEPENDENCIES = (PositionProvider,)
+    Options = NoneChecksOptions
 
-    def __init__(self, context: CodemodContext, module: str = "stateless") -> None:
-        super().__init__(context)
-        self.helpers = module
+    def __init__(self, context: CodemodContext, options: NoneChecksOptions | None = None, /,
+                 **values: object) -> None:
+        super().__init__(context, options, **values)
+        self.helpers = self.options.module
 
-    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        paths = _IdentityCheckPaths()
-        tree.visit(paths)
-        self._on_path = paths.on_path
-        return super().transform_module_impl(tree)
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        # A transformer rebuilds every subtree it enters; a plain visitor finds
-        # the few that can change far more cheaply, and the rest are skipped.
-        return node in self._on_path and super().on_visit(node)
+    def focus(self) -> Iterable[cst.CSTNode]:
+        return [node for node in self.index.nodes(cst.Comparison) if m.matches(node, _HAS_IDENTITY)]
 
     def leave_Comparison(self, original_node: cst.Comparison,
                          updated_node: cst.Comparison) -> cst.BaseExpression:
@@ -145,5 +127,4 @@ class NoneChecks(Transform):
         return joined.with_changes(lpar=node.lpar or [cst.LeftParen()], rpar=node.rpar or [cst.RightParen()])
 
     def _report(self, node: cst.Comparison, problem: str) -> None:
-        line = self.get_metadata(PositionProvider, node).start.line
-        self.warn(f"line {line}: `{cst.Module([]).code_for_node(node)}` {problem}")
+        self.report(node, f"`{code_of(node)}` {problem}")

@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import libcst as cst
+from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 
-from transforms.base import Transform
-from transforms.folding import bound_names, module_imports, names_read
+from transforms.analysis.names import bound_names, module_imports, names_read
+from transforms.analysis.syntax import all_params
+from transforms.base import SUPPORT_SOURCES, Transform, TransformError
 
 _BUILTINS = frozenset(dir(builtins)) | {"self"}
+
+
+@dataclass(frozen=True)
+class OverrideOptions:
+    source: str  # the support file (a recipe `support` member) holding the class
+    from_class: str
+    into: str
+    methods: tuple[str, ...]
 
 
 class OverrideInherited(Transform):
@@ -38,17 +49,19 @@ class OverrideInherited(Transform):
     """
 
     DESCRIPTION = "copy inherited methods from the release's support files into a class"
+    Options = OverrideOptions
 
-    def __init__(self, context: cst.codemod.CodemodContext, source: str, from_class: str, into: str,
-                 methods: Sequence[str]) -> None:
-        super().__init__(context)
-        supports = context.scratch.get("support_sources", {})
+    def __init__(self, context: CodemodContext, options: OverrideOptions | None = None, /,
+                 **values: object) -> None:
+        super().__init__(context, options, **values)
+        source, from_class = self.options.source, self.options.from_class
+        supports = context.scratch.get(SUPPORT_SOURCES, {})
         if source not in supports:
-            raise ValueError(f"override_inherited: support file {source} was not fetched (list it in the recipe)")
+            raise TransformError(f"support file {source} was not fetched (list it in the recipe)")
         self.source = source
-        self.into = into
+        self.into = self.options.into
         self.from_class = from_class
-        self.methods = list(methods)
+        self.methods = list(self.options.methods)
         self.support = cst.parse_module(supports[source])
         self.support_imports = module_imports(self.support)
         found = {}
@@ -57,11 +70,11 @@ class OverrideInherited(Transform):
                 found = {f.name.value: f for f in statement.body.body if isinstance(f, cst.FunctionDef)}
         missing = [name for name in self.methods if name not in found]
         if missing:
-            raise ValueError(f"override_inherited: {source} has no {from_class}.{', '.join(missing)}")
+            raise TransformError(f"{source} has no {from_class}.{', '.join(missing)}")
         self.copies = {name: found[name] for name in self.methods}
 
     def _schedule_imports(self, method: cst.FunctionDef) -> None:
-        params = [*method.params.posonly_params, *method.params.params, *method.params.kwonly_params]
+        params = all_params(method.params)
         # Annotations, defaults and decorators are evaluated in the module's scope,
         # even where a parameter has the same name (`device: device`).
         header: set[str] = set()
@@ -72,10 +85,13 @@ class OverrideInherited(Transform):
         body = names_read(method.body) - bound_names(method.body) - {p.name.value for p in params}
         for name in sorted((header | body) - _BUILTINS):
             if name not in self.support_imports:
-                raise ValueError(f"override_inherited: {self.from_class}.{method.name.value} uses {name}, "
+                raise TransformError(f"{self.from_class}.{method.name.value} uses {name}, "
                                  f"which {self.source} defines itself; cannot copy it")
             module, obj = self.support_imports[name]
             AddImportsVisitor.add_needed_import(self.context, module, obj)
+
+    def focus(self) -> Iterable[cst.CSTNode]:
+        return [s for s in self.module.body if isinstance(s, cst.ClassDef) and s.name.value == self.into]
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         return False  # methods are added whole; nothing inside any class is rewritten

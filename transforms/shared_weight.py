@@ -2,23 +2,39 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 
+from transforms.analysis.syntax import dotted_name
 from transforms.base import Transform
+from transforms.options import OptionError
 
 
-def _dotted(node: cst.BaseExpression) -> str | None:
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        head = _dotted(node.value)
-        return None if head is None else f"{head}.{node.attr.value}"
-    return None
+@dataclass(frozen=True)
+class ModelOptions:
+    users: tuple[str, ...] = ()  # submodule paths that embed with the shared module
+    callers: tuple[str, ...] = ()  # calls in forward that reach a stack (e.g. self.encoder)
+    tied_linear: str | None = None  # a Linear whose weight is tied to the shared one...
+    tied_when: str | None = None  # ...when this expression (over self) is true
+
+    def __post_init__(self) -> None:
+        if (self.tied_linear is None) != (self.tied_when is None):
+            raise OptionError("tied_when", "tied_linear and tied_when go together")
+
+
+@dataclass(frozen=True)
+class SharedWeightOptions:
+    stack: str  # the class whose forward embeds tokens
+    consumer: str  # the embedding call inside it, e.g. self.embed_tokens
+    parameter: str  # the new first parameter of the stack's forward
+    shared: str  # the model attribute holding the shared module
+    weight: str  # the name of the top-level parameter in the stateless form
+    models: dict[str, ModelOptions]
+    runtime: str = "stateless"  # the module the generated code imports the runtime from
 
 
 class SharedWeight(Transform):
@@ -53,11 +69,14 @@ class SharedWeight(Transform):
 
     DESCRIPTION = "pass the shared embedding weight explicitly; add make_stateless/make_stateful"
 
-    def __init__(self, context: CodemodContext, stack: str, consumer: str, parameter: str, shared: str,
-                 weight: str, models: Mapping[str, Mapping[str, Any]], runtime: str = "stateless") -> None:
-        super().__init__(context)
-        self.stack, self.consumer, self.parameter = stack, consumer, parameter
-        self.shared, self.weight, self.models, self.runtime = shared, weight, models, runtime
+    Options = SharedWeightOptions
+
+    def __init__(self, context: CodemodContext, options: SharedWeightOptions | None = None, /,
+                 **values: object) -> None:
+        super().__init__(context, options, **values)
+        o = self.options
+        self.stack, self.consumer, self.parameter = o.stack, o.consumer, o.parameter
+        self.shared, self.weight, self.models, self.runtime = o.shared, o.weight, o.models, o.runtime
         self._class: list[str] = []
 
     def _runtime(self, name: str) -> cst.Attribute:
@@ -70,7 +89,11 @@ class SharedWeight(Transform):
             cst.Arg(cst.SimpleString(f'"{self.weight}"'))])
 
     def _is_weight_expression(self, node: cst.BaseExpression) -> bool:
-        return isinstance(node, cst.Call) and _dotted(node.func) == f"{self.runtime}.shared_weight"
+        return isinstance(node, cst.Call) and f"{self.runtime}.shared_weight" in self.qualified_names(node)
+
+    def focus(self) -> Iterable[cst.CSTNode]:
+        return [s for s in self.module.body if isinstance(s, cst.ClassDef)
+                and (s.name.value == self.stack or s.name.value in self.models)]
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         self._class.append(node.name.value)
@@ -82,19 +105,18 @@ class SharedWeight(Transform):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if not self._class:
             return updated_node
-        owner, callee = self._class[-1], _dotted(updated_node.func)
+        owner, callee = self._class[-1], dotted_name(updated_node.func)
         if owner == self.stack and callee == self.consumer:
             return cst.Call(self._runtime("call_shared"), [
                 cst.Arg(updated_node.func), cst.Arg(cst.Name(self.parameter)), *updated_node.args])
         spec = self.models.get(owner)
         if spec is None:
             return updated_node
-        if callee in spec.get("callers", ()):
+        if callee in spec.callers:
             if updated_node.args and self._is_weight_expression(updated_node.args[0].value):
                 return updated_node
             return updated_node.with_changes(args=[cst.Arg(self._weight_expression()), *updated_node.args])
-        tied = spec.get("tied_linear")
-        if tied is not None and callee == f"self.{tied}":
+        if spec.tied_linear is not None and callee == f"self.{spec.tied_linear}":
             return cst.Call(self._runtime("call_shared"), [
                 cst.Arg(updated_node.func), cst.Arg(self._weight_expression()), *updated_node.args])
         return updated_node
@@ -121,11 +143,11 @@ class SharedWeight(Transform):
             return updated_node
         return updated_node.with_changes(body=updated_node.body.with_changes(body=[*updated_node.body.body, *added]))
 
-    def _methods(self, spec: Mapping[str, Any]) -> list[cst.FunctionDef]:
-        quoted = [f'"{user}"' for user in spec.get("users", ())]
+    def _methods(self, spec: ModelOptions) -> list[cst.FunctionDef]:
+        quoted = [f'"{user}"' for user in spec.users]
         users = "(" + ", ".join(quoted) + ("," if len(quoted) == 1 else "") + ")"
-        tied = spec.get("tied_linear")
-        tied_value = f'"{tied}" if {spec["tied_when"]} else None' if tied else "None"
+        tied = spec.tied_linear
+        tied_value = f'"{tied}" if {spec.tied_when} else None' if tied else "None"
         self._runtime("make_stateless")
         source = f'''
 class Template:

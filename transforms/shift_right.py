@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
 import libcst as cst
 import libcst.matchers as m
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.helpers import parse_template_expression, parse_template_statement
-from libcst.metadata import ScopeProvider
 
+from transforms.analysis.names import imports_module
+from transforms.analysis.syntax import root_name
 from transforms.base import Transform
-from transforms.positions import located
-
-
-def _root(node: cst.CSTNode) -> str | None:
-    """The name a plain ``a.b.c`` chain starts from; evaluating such a chain twice is as good as once."""
-    while isinstance(node, cst.Attribute):
-        node = node.value
-    return node.value if isinstance(node, cst.Name) else None
-
 
 _Simple = TypeVar("_Simple", cst.SimpleStatementLine, cst.SimpleStatementSuite)
-_REFERENCE = m.MatchIfTrue(lambda node: _root(node) is not None)
+# A plain ``a.b.c`` chain: evaluating it twice is as good as once.
+_REFERENCE = m.MatchIfTrue(lambda node: root_name(node) is not None)
 _NEW_ZEROS = m.SimpleStatementLine(body=[m.Assign(
     targets=[m.AssignTarget(target=m.SaveMatchedNode(m.Name(), "shifted"))],
     value=m.Call(func=m.Attribute(value=m.SaveMatchedNode(_REFERENCE, "ids"), attr=m.Name("new_zeros")),
@@ -35,8 +28,6 @@ _SPELLINGS = (
     (m.SubscriptElement(slice=m.Index(value=m.Ellipsis())), "...", "-1"),
     (m.SubscriptElement(slice=m.Slice(lower=None, upper=None, step=None)), ":", "1"),
 )
-_IMPORT_TORCH = m.SimpleStatementLine(body=[m.Import(names=[
-    m.ZeroOrMore(), m.ImportAlias(name=m.Name("torch"), asname=None), m.ZeroOrMore()])])
 _ASSERT_ITEM = m.Assert(test=m.Call(
     func=m.Attribute(value=m.SaveMatchedNode(m.DoNotCare(), "tensor"), attr=m.Name("item")), args=[]))
 _MINUS_ONE = m.UnaryOperation(operator=m.Minus(), expression=m.Integer("1"))
@@ -93,12 +84,20 @@ class FunctionalShiftRight(Transform):
     """
 
     DESCRIPTION = "shift-right item assignment -> torch.cat; assert t.item() -> torch._assert_async(t)"
-    METADATA_DEPENDENCIES = (ScopeProvider,)
     _has_torch = False
+
+    def focus(self) -> Iterable[cst.CSTNode]:
+        """Lines holding an assert, and the first line of each possible shift (``x = ids.new_zeros(...)``)."""
+        index = self.index
+        lines = [index.parent(node) for node in index.nodes(cst.Assert)]
+        for call in index.nodes(cst.Call):
+            if isinstance(call.func, cst.Attribute) and call.func.attr.value == "new_zeros":
+                lines.append(index.enclosing(call, cst.SimpleStatementLine))
+        return [line for line in lines if line is not None]
 
     def visit_Module(self, node: cst.Module) -> bool:
         # Scheduling an import costs a whole extra pass: skip it where ``torch`` is already there.
-        self._has_torch = any(m.matches(statement, _IMPORT_TORCH) for statement in node.body)
+        self._has_torch = imports_module(node, "torch")
         return True
 
     def _need_torch(self) -> None:
@@ -131,8 +130,7 @@ class FunctionalShiftRight(Transform):
         if found is None:
             return statement
         if not self._is_tensor(found["tensor"]):
-            self.warn(located(self, statement,
-                              "`assert ….item()` on a value not known to be a tensor is left"))
+            self.report(statement, "`assert ….item()` on a value not known to be a tensor is left")
             return statement
         self._need_torch()
         if statement.msg is None:
@@ -188,7 +186,7 @@ class FunctionalShiftRight(Transform):
         shifted, ids = first["shifted"].value, first["ids"]
         shape = first["shape"]
         owner = shape.value if isinstance(shape, cst.Attribute) else shape.func.value
-        if not owner.deep_equals(ids) or _root(ids) == shifted:
+        if not owner.deep_equals(ids) or root_name(ids) == shifted:
             return None
         same_ids = m.MatchIfTrue(ids.deep_equals)
         for lead, spelling, dim in _SPELLINGS:

@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import libcst as cst
+from libcst.codemod import CodemodContext
 
-from transforms.base import Transform
-from transforms.folding import bound_names, names_read
+from transforms.analysis.liveness import Liveness
+from transforms.analysis.names import bound_names, names_read
+from transforms.analysis.syntax import all_params, indented
+from transforms.base import Transform, TransformError
+from transforms.options import OptionError
+
+
+@dataclass(frozen=True)
+class SingleOutputOptions:
+    returns: dict[str, str]  # class name -> the expression its method returns
+    method: str = "forward"
+
+    def __post_init__(self) -> None:
+        for name, text in self.returns.items():
+            try:
+                cst.parse_expression(text)
+            except cst.ParserSyntaxError:
+                raise OptionError(f"returns.{name}", f"{text!r} is not an expression") from None
 
 
 class SingleOutput(Transform):
@@ -36,12 +54,17 @@ class SingleOutput(Transform):
 
     DESCRIPTION = "forward returns the one value the recipe names"
 
-    def __init__(self, context: cst.codemod.CodemodContext, returns: Mapping[str, str],
-                 method: str = "forward") -> None:
-        super().__init__(context)
-        self.returns = {cls: cst.parse_expression(text) for cls, text in returns.items()}
-        self.method = method
+    Options = SingleOutputOptions
+
+    def __init__(self, context: CodemodContext, options: SingleOutputOptions | None = None, /,
+                 **values: object) -> None:
+        super().__init__(context, options, **values)
+        self.returns = {cls: cst.parse_expression(text) for cls, text in self.options.returns.items()}
+        self.method = self.options.method
         self._classes: list[str] = []
+
+    def focus(self) -> Iterable[cst.CSTNode]:
+        return [cls for cls in self.module.body if isinstance(cls, cst.ClassDef) and cls.name.value in self.returns]
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         self._classes.append(node.name.value)
@@ -65,13 +88,19 @@ class SingleOutput(Transform):
         if value is None:
             return updated_node
         params = updated_node.params
-        bound = {p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)}
+        bound = {p.name.value for p in all_params(params)}
         bound |= bound_names(updated_node.body)
         missing = sorted(names_read(value) - bound - {"self"})
         if missing:
-            raise ValueError(f"single_output: {self._classes[-1]}.{self.method} does not bind "
+            raise TransformError(f"{self._classes[-1]}.{self.method} does not bind "
                              f"{', '.join(missing)} used by its recipe return value")
-        return updated_node.with_changes(body=updated_node.body.visit(_ReturnReplacer(value)))
+        body = updated_node.body.visit(_ReturnReplacer(value))
+        if isinstance(body, cst.IndentedBlock) and isinstance(updated_node.body, cst.IndentedBlock):
+            # What fed only the old return values is dead now: drop it where that loses no effect.
+            liveness = Liveness(frozenset())
+            fed_returns = liveness.live(updated_node.body.body)
+            body = indented(liveness.remove_dead(body.body, fed_returns), body)
+        return updated_node.with_changes(body=body)
 
 
 class _ReturnReplacer(cst.CSTTransformer):

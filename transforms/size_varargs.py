@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import libcst as cst
 from libcst.codemod import CodemodContext
-from libcst.metadata import ScopeProvider
 
 from transforms.base import Transform
 
 FACTORIES = ("torch.ones", "torch.zeros", "torch.empty", "torch.rand", "torch.randn")
+
+
+@dataclass(frozen=True)
+class SizeVarargsOptions:
+    functions: tuple[str, ...] = FACTORIES  # qualified names of the factories to rewrite
+
+
+def _sizes(args: Sequence[cst.Arg]) -> int:
+    """How many leading positional sizes a factory call passes (0 when it already passes one tuple)."""
+    if any(arg.star == "*" for arg in args):
+        return 0
+    count = next((i for i, arg in enumerate(args) if arg.keyword is not None or arg.star), len(args))
+    return 0 if count and isinstance(args[0].value, (cst.Tuple, cst.List)) else count
 
 
 class SizeVarargs(Transform):
@@ -30,11 +43,17 @@ class SizeVarargs(Transform):
     """
 
     DESCRIPTION = "torch.ones(a, b) and similar factories -> torch.ones((a, b))"
-    METADATA_DEPENDENCIES = (ScopeProvider,)
 
-    def __init__(self, context: CodemodContext, functions: Iterable[str] = FACTORIES) -> None:
-        super().__init__(context)
-        self.functions = frozenset(functions)
+    Options = SizeVarargsOptions
+
+    def __init__(self, context: CodemodContext, options: SizeVarargsOptions | None = None, /,
+                 **values: object) -> None:
+        super().__init__(context, options, **values)
+        self.functions = frozenset(self.options.functions)
+
+    def focus(self) -> Iterable[cst.CSTNode]:
+        return [call for call in self.index.nodes(cst.Call) if _sizes(call.args) >= 2
+                and self.qualified_names(call) & self.functions]
 
     # Imports, annotations and strings never hold a factory call worth rewriting.
     def visit_Import(self, node: cst.Import) -> bool:
@@ -57,10 +76,8 @@ class SizeVarargs(Transform):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         args = updated_node.args
-        if any(arg.star == "*" for arg in args):
-            return updated_node
-        count = next((i for i, arg in enumerate(args) if arg.keyword is not None or arg.star), len(args))
-        if count < 2 or isinstance(args[0].value, (cst.Tuple, cst.List)):
+        count = _sizes(args)
+        if count < 2:
             return updated_node
         names = self.qualified_names(original_node)
         if not names & self.functions:

@@ -1470,7 +1470,6 @@ class T5ForConditionalGeneration(T5PreTrainedModel):
             loss = self.loss_fct(lm_logits.view(-1, lm_logits.size(-1)), labels.view(-1))
             # TODO(thom): Add z_loss https://github.com/tensorflow/mesh/blob/fa19d69eafc9a482aff0b59ddd96b025c0cb207d/mesh_tensorflow/layers.py#L666
 
-        output = (lm_logits,) + decoder_outputs[1:] + encoder_outputs
         return loss if is_not_None(labels) else lm_logits
 
     def prepare_inputs_for_generation(

@@ -1,0 +1,139 @@
+"""Recipe facts: expressions the recipe states a value for, replaced and guarded by a runtime check."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import libcst as cst
+
+from transforms.analysis.literals import is_constant, literal_value
+from transforms.analysis.names import bound_names, names_read
+from transforms.analysis.syntax import children, code_of
+
+
+def _occurs(expression: cst.BaseExpression, node: cst.CSTNode) -> bool:
+    """Whether ``expression`` occurs in ``node`` (a walk over fields; no node is rebuilt)."""
+    kind = type(expression)
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        if type(current) is kind and current.deep_equals(expression):
+            return True
+        pending.extend(children(current))
+    return False
+
+
+def rewrite_facts(facts: Sequence[Fact], body: cst.IndentedBlock) -> tuple[cst.IndentedBlock, bool]:
+    """``body`` with the facts it uses replaced by their values and guarded; whether there were any."""
+    reads = names_read(body)
+    relevant = [fact for fact in facts if fact.names <= reads and _occurs(fact.expression, body)]
+    if not relevant:
+        return body, False
+    rewritten = body.visit(FactRewriter(relevant, bound_names(body)))
+    assert isinstance(rewritten, cst.IndentedBlock)
+    return rewritten, not rewritten.deep_equals(body)
+
+
+class Fact:
+    """``expression`` always evaluates to the constant ``value``, because ``reason``."""
+
+    def __init__(self, expression: cst.BaseExpression, value: cst.BaseExpression, reason: str) -> None:
+        if not is_constant(value):
+            raise ValueError(f"fact {code_of(expression)} = {code_of(value)}: the value is not a literal constant")
+        self.expression = expression
+        self.value = value
+        self.reason = reason
+        self.names = names_read(expression)
+
+    def guard(self) -> cst.SimpleStatementLine:
+        """``torch._assert(<check>, reason)``, in a form every tracer records.
+
+        ``not x`` would force a Proxy to bool under fx, ``x == False`` is
+        unsupported on export's symbolic booleans, and strict export cannot
+        trace ``torch.sym_not`` of a plain bool: a false comparison is guarded
+        by its inverse, anything else by ``torch.sym_not``.
+        """
+        subject = self.expression.deep_clone()
+        value = literal_value(self.value)
+        if value is True:
+            check: cst.BaseExpression = subject
+        elif value is False and isinstance(subject, cst.Comparison) and _invertible(subject):
+            target = subject.comparisons[0]
+            inverse = _INVERSE[type(target.operator)]()
+            check = subject.with_changes(comparisons=[target.with_changes(operator=inverse)])
+        elif value is False:
+            check = cst.Call(cst.parse_expression("torch.sym_not"), [cst.Arg(subject)])
+        else:
+            if not isinstance(subject, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
+                subject = subject.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            check = cst.Comparison(subject, [cst.ComparisonTarget(cst.Equal(), self.value.deep_clone())])
+        call = cst.Call(cst.parse_expression("torch._assert"),
+                        [cst.Arg(check), cst.Arg(cst.SimpleString(repr(self.reason)))])
+        return cst.SimpleStatementLine([cst.Expr(call)])
+
+
+_INVERSE: dict[type, type] = {cst.LessThan: cst.GreaterThanEqual, cst.GreaterThanEqual: cst.LessThan,
+                              cst.GreaterThan: cst.LessThanEqual, cst.LessThanEqual: cst.GreaterThan,
+                              cst.Equal: cst.NotEqual, cst.NotEqual: cst.Equal}
+
+
+def _invertible(node: cst.BaseExpression) -> bool:
+    return (isinstance(node, cst.Comparison) and len(node.comparisons) == 1
+            and type(node.comparisons[0].operator) in _INVERSE)
+
+
+_ASSERT_CALL = cst.parse_expression("torch._assert")
+
+
+class FactRewriter(cst.CSTTransformer):
+    """Replace fact expressions by their values, guarding each statement that used one.
+
+    The guard (``torch._assert``, which tracers record) runs just before the
+    statement; guards of ``elif`` tests go before the whole ``if``.  A guard
+    already emitted at the function's top level, on names never rebound, is not
+    repeated.
+    """
+
+    def __init__(self, facts: Sequence[Fact], rebound: set[str]) -> None:
+        super().__init__()
+        self.facts = facts
+        self.rebound = rebound
+        self.pending: list[list[Fact]] = []
+        self.elifs: set[int] = set()
+        self.dominating: set[int] = set()
+
+    def _opens_statement(self, node: cst.CSTNode) -> bool:
+        return isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) and id(node) not in self.elifs
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.Call) and node.func.deep_equals(_ASSERT_CALL):
+            return False
+        if isinstance(node, cst.If) and isinstance(node.orelse, cst.If):
+            self.elifs.add(id(node.orelse))
+        if self._opens_statement(node):
+            self.pending.append([])
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # noqa: ANN201  # any node back
+        if isinstance(original_node, cst.BaseExpression):
+            for fact in self.facts:
+                if original_node.deep_equals(fact.expression):
+                    self.pending[-1].append(fact)
+                    return fact.value.deep_clone()
+        result = super().on_leave(original_node, updated_node)
+        if not self._opens_statement(original_node):
+            return result
+        depth = len(self.pending)
+        guards = []
+        for fact in dict.fromkeys(self.pending.pop()):
+            key = self.facts.index(fact)
+            if key in self.dominating:
+                continue
+            guards.append(fact.guard())
+            if depth == 1 and not fact.names & self.rebound:
+                self.dominating.add(key)
+        if not guards:
+            return result
+        assert isinstance(result, (cst.SimpleStatementLine, cst.BaseCompoundStatement))
+        guards[0] = guards[0].with_changes(leading_lines=result.leading_lines)
+        return cst.FlattenSentinel([*guards, result.with_changes(leading_lines=())])
