@@ -14,6 +14,7 @@ from importlib import resources
 from typing import Any
 
 from converter.errors import ConvertError
+from converter.family import FamilyDefinition, parse_definition
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class Recipe:
     known_versions: dict[str, str]  # version -> sha256 of the source file
     transforms: tuple[TransformStep, ...]
     support: tuple[str, ...] = ()
+    # The [model]/[pipeline]/[shapes] sections every later stage reads (converter/family.py); None if absent.
+    definition: FamilyDefinition | None = None
 
     @property
     def module_name(self) -> str:
@@ -56,6 +59,7 @@ def _parse(data: dict[str, Any], origin: str) -> Recipe:
             known_versions={v: meta["sha256"] for v, meta in data.get("versions", {}).items()},
             transforms=steps,
             support=tuple(data.get("support", ())),
+            definition=parse_definition(data, origin),
         )
     except (KeyError, TypeError) as exc:
         raise ConvertError(f"recipe {origin} is malformed: missing or bad field {exc}") from None

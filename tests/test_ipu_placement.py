@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from t5_models import t5_roles
 
 from partitioning.ipu.config import IPUConfig
 from partitioning.ipu.costs import IPU_MEMORY_BYTES
 from partitioning.ipu.errors import IPUError
 from partitioning.ipu.placement import Placement, place, plan_ipu, validate
-from partitioning.ipu.roles import Roles, t5_roles
+from partitioning.ipu.roles import Roles
 from partitioning.plan import Block, Plan, Stage
 
 KEEP = IPUConfig(rebalance_shared=False)  # the plan's stages as they are
