@@ -19,8 +19,9 @@ import torch
 import torch.distributed as dist
 
 from converter.errors import ConvertError
-from converter.family import LOSS, InputSpec
-from partitioning.blocks import MicroBatch, build_model, import_class, make_inputs
+from converter.family import InputSpec
+from partitioning.blocks import MicroBatch, make_inputs
+from partitioning.family import ModelFamily
 from partitioning.pipelining import TIED_SUMS, PipelineRun
 from partitioning.plan import Plan, PlanError
 from partitioning.shapes import make_config
@@ -45,10 +46,22 @@ def _device() -> tuple[str, torch.device]:
 
 
 def _rebuild(described: dict) -> tuple[torch.nn.Module, Any, list[InputSpec], MicroBatch]:
-    """The plan's model (same seed, same weights on every rank), its config, inputs and micro-batch."""
+    """The plan's model (same seed, same weights on every rank), its config, inputs and micro-batch.
+
+    The plan records the generated package and the config class it was costed with; they must be
+    what the family's recipe gives here (a stale plan, or one naming other code, is refused).
+    """
     try:
-        module, class_name, config_class = described["module"], described["class"], described["config_class"]
-        config = make_config(config_class, described["config"])
+        family = ModelFamily.load(described["family"], described["version"])
+        class_name = described["class"]
+        if not family.class_info(class_name).trains:
+            raise PlanError(f"training runs need a plan of a class whose forward returns its loss; "
+                            f"{class_name} returns its {family.class_info(class_name).output}")
+        for key, expected in (("module", family.package), ("config_class", family.definition.config_path)):
+            if described[key] != expected:
+                raise PlanError(f"the plan's {key} is {described[key]!r} but the {family.name} recipe gives "
+                                f"{expected!r}: re-plan with partition-model")
+        config = make_config(family.definition.config_path, described["config"])
         specs = [InputSpec.from_dict(spec) for spec in described["inputs"]]
         micro_batch = MicroBatch.from_dict(described["micro_batch"])
     except KeyError as exc:
@@ -56,16 +69,12 @@ def _rebuild(described: dict) -> tuple[torch.nn.Module, Any, list[InputSpec], Mi
                         f"re-plan with partition-model") from None
     except ConvertError as exc:
         raise PlanError(exc.one_line()) from None
-    return build_model(import_class(module, class_name), config, "cpu"), config, specs, micro_batch
+    return family.build(class_name, config, "cpu"), config, specs, micro_batch
 
 
 def train(plan: Plan, steps: int, lr: float, seed: int, tied_sum: str, device: torch.device) -> list[str]:
-    described = plan.model
-    if described.get("output") != LOSS:
-        raise PlanError(f"training runs need a plan of a class whose forward returns its loss; "
-                        f"{described.get('class')} returns its {described.get('output')}")
     torch.manual_seed(seed)
-    model, config, specs, micro_batch = _rebuild(described)
+    model, config, specs, micro_batch = _rebuild(plan.model)
     micro_batches, schedule = int(plan.settings["micro_batches"]), str(plan.settings["schedule"])
     example = make_inputs(specs, config, micro_batch, "cpu")
     run = PipelineRun(model, plan, example, micro_batches=micro_batches, schedule=schedule, device=device,

@@ -347,6 +347,10 @@ def test_the_plan_records_what_train_needs_to_rebuild_model_and_inputs() -> None
     assert described["layer_lists"] == ["encoder.block", "decoder.block"] and described["output"] == "loss"
     with pytest.raises(PlanError, match="does not say how to rebuild its model .no 'inputs'"):
         _rebuild({k: v for k, v in described.items() if k != "inputs"})
+    with pytest.raises(PlanError, match="the plan's module is 'os' but the t5 recipe gives 'generated_models.t5.v4_5"):
+        _rebuild({**described, "module": "os"})
+    with pytest.raises(PlanError, match="need a plan of a class whose forward returns its loss; T5Model returns its"):
+        _rebuild({**described, "class": "T5Model"})
 
 
 # --- IPU roles, derived ------------------------------------------------------------------------------------------
@@ -450,3 +454,30 @@ def test_draft_chains_and_inputs_fit_the_stock_models(name: str) -> None:
         sub = chain_specs(definition.entries(class_name), copy.deepcopy(model), sublayers=True)
         layer = definition.layer_lists(class_name)[0]
         assert [s.name for s in sub if s.name.startswith(f"{layer}.0.")], class_name
+
+
+# --- partition-model's sequence lengths -----------------------------------------------------------------------
+
+
+def test_seq_len_and_the_family_derived_flags_give_the_same_plan(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from partitioning.cli import main
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(config("1layer-relu-tied").to_json_string())
+    base = ["t5", "--version", "4.5.1", "--stages", "2", "--config", str(cfg), "--batch", "2"]
+    assert main(base + ["--seq-len", "source=7", "--seq-len", "target=5", "--output", str(tmp_path / "a.json")]) == 0
+    assert main(base + ["--source-len", "7", "--target-len", "5", "--output", str(tmp_path / "b.json")]) == 0
+    assert main(base + ["--target-len", "5", "--seq-len", "source=7", "--output", str(tmp_path / "c.json")]) == 0
+    plans = [(tmp_path / name).read_text() for name in ("a.json", "b.json", "c.json")]
+    assert plans[0] == plans[1] == plans[2]
+    assert json.loads(plans[0])["model"]["micro_batch"] == {"batch": 2, "lengths": {"source": 7, "target": 5}}
+    assert "micro-batch 2 x source 7, target 5," in capsys.readouterr().out
+    for extra, message in [(["--seq-len", "sequence=4"], "the t5 family has no sequence length 'sequence'"),
+                           (["--seq-len", "source=7", "--source-len", "8"], "'source' given twice: 7 and 8")]:
+        assert main(base + extra + ["--output", str(tmp_path / "d.json")]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    assert main(base + ["--seq-len", "source=x", "--output", str(tmp_path / "d.json")]) == 2  # argparse's usage error
+    assert "--seq-len: expected NAME=N (a sequence length of the family), got 'source=x'" in capsys.readouterr().err
+    assert not (tmp_path / "d.json").exists()
