@@ -409,8 +409,13 @@ EXPECTED = {
 }
 
 
-def test_the_docs_hold_a_draft_per_next_family() -> None:
+def test_the_docs_hold_a_draft_per_next_family_and_the_t5_section_as_it_is() -> None:
     assert sorted(DRAFTS) == sorted(TINY)
+    text = (REPO / "docs" / "families.md").read_text()
+    section = re.search(r"^## T5 .*?```toml\n(.*?)^```", text, re.S | re.M)
+    assert section is not None
+    shown = tomllib.loads(section.group(1))
+    assert shown == {key: t5_data()[key] for key in ("model", "pipeline", "shapes")}
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
