@@ -29,6 +29,7 @@ from typing import Any
 import tomllib
 
 from converter.errors import ConvertError
+from converter.family import FamilyDefinition, parse_definition
 from converter.versions import VersionError, VersionRange
 from transforms import REGISTRY
 from transforms.options import OptionError, parse_options
@@ -50,6 +51,10 @@ class RecipeFile:
     support: tuple[str, ...] = ()
     versions: dict[str, VersionPin] = field(default_factory=dict)  # releases verified to convert
     transforms: tuple[dict[str, Any], ...] = ()  # steps, checked by _step against their transform
+    # The family definition's sections, checked by converter.family.parse_definition.
+    model: dict[str, Any] = field(default_factory=dict)
+    pipeline: dict[str, Any] = field(default_factory=dict)
+    shapes: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,8 @@ class Recipe:
     known_versions: dict[str, str]  # version -> sha256 of the source file
     transforms: tuple[TransformStep, ...]
     support: tuple[str, ...] = ()
+    # The [model]/[pipeline]/[shapes] sections every later stage reads (converter/family.py); None if absent.
+    definition: FamilyDefinition | None = None
 
     @property
     def module_name(self) -> str:
@@ -162,6 +169,7 @@ def _parse(data: dict[str, Any], origin: str) -> Recipe:
         known_versions={version: pin.sha256 for version, pin in recipe.versions.items()},
         transforms=tuple(steps),
         support=recipe.support,
+        definition=parse_definition(data, origin),
     )
 
 

@@ -1,10 +1,10 @@
 """The splits other tools make by default, to compare plans against.
 
 * ``uniform``: optimum-graphcore's default ``layers_per_ipu`` (all ``-1``):
-  the transformer layers, encoder then decoder, are spread evenly, the
-  remainder going to the last device.  Blocks that are not layers stay with
-  the layer before them (the embedding goes on the first stage, the head on
-  the last).
+  the transformer layers (blocks running items of the family's layer lists),
+  encoder then decoder, are spread evenly, the remainder going to the last
+  device.  Blocks that are not layers stay with the layer before them (the
+  embedding goes on the first stage, the head on the last).
 * ``parameters``: DeepSpeed's ``partition_method="parameters"``: the most
   balanced split of parameter counts, a tied weight counted in every block
   that uses it (as DeepSpeed counts a ``TiedLayerSpec`` at each occurrence).
@@ -12,22 +12,15 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 
 from partitioning.partition import Segment, check_stage_count, min_max_split
-from partitioning.plan import Block, PlanError
-
-_LAYER = re.compile(r"(^|\.)block\.\d+(-\d+)?$")
+from partitioning.plan import Block, PlanError, block_layers
 
 
-def is_layer(block: Block) -> bool:
-    return bool(_LAYER.search(block.name))
-
-
-def uniform_split(blocks: Sequence[Block], stages: int) -> list[Segment]:
+def uniform_split(blocks: Sequence[Block], stages: int, layer_lists: Sequence[str]) -> list[Segment]:
     check_stage_count(len(blocks), stages)
-    layers = [i for i, b in enumerate(blocks) if is_layer(b)]
+    layers = [i for i, b in enumerate(blocks) if block_layers(b, layer_lists)]
     if len(layers) < stages:
         raise PlanError(f"the uniform split needs at least one layer per stage: {len(layers)} layers, {stages} stages")
     quotient, remainder = divmod(len(layers), stages)

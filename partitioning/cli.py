@@ -10,35 +10,43 @@ import sys
 from pathlib import Path
 
 from converter.atomic import write_atomic
-from partitioning.blocks import CLASSES, MicroBatch, build_t5, t5_chain
+from partitioning.family import ModelFamily, definitions
 from partitioning.ipu.cli import add_ipu_arguments, run_ipu
 from partitioning.partition import SCHEDULES, Settings, partition
 from partitioning.placement import module_to_device
 from partitioning.plan import Plan, PlanError
 from partitioning.report import format_plan, report_error
-from partitioning.shapes import SHAPES, t5_config
 
-FAMILIES = ("t5",)
+
+def _length(text: str) -> tuple[str, int]:
+    name, sep, value = text.partition("=")
+    if not (sep and name and value.isdigit()):
+        raise argparse.ArgumentTypeError(f"expected NAME=N (a sequence length of the family), got {text!r}")
+    return name, int(value)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="partition-model",
                                      description="Split a generated model into balanced pipeline stages.")
-    parser.add_argument("family", help="model family (known: t5)")
+    families = definitions()
+    parser.add_argument("family", help=f"model family (known: {', '.join(sorted(families))})")
     parser.add_argument("--version", required=True, help="transformers release the model was generated from")
     parser.add_argument("--stages", type=int, help="number of pipeline stages K (with --target ipu: --ipus)")
     parser.add_argument("--target", choices=("gpu", "ipu"), default="gpu",
                         help="gpu: torch.distributed.pipelining (CPU ranks work too); ipu: PopTorch placement")
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--shape", help=f"named shape ({', '.join(SHAPES)}; default t5-small)")
+    size.add_argument("--shape", help="a named shape of the family (its recipe's [shapes]; default: its default)")
     size.add_argument("--config", type=Path, help="a HuggingFace config.json giving the shape")
-    parser.add_argument("--class", dest="class_name", default="T5ForConditionalGeneration",
-                        help=f"model class ({', '.join(CLASSES)})")
+    parser.add_argument("--class", dest="class_name", help="model class (default: the family's default class)")
     parser.add_argument("--granularity", type=int, default=1, help="transformer layers per block (default 1)")
     batch = parser.add_argument_group("micro-batch and schedule")
     batch.add_argument("--batch", type=int, default=8, help="sequences per micro-batch")
-    batch.add_argument("--source-len", type=int, default=512)
-    batch.add_argument("--target-len", type=int, default=128)
+    batch.add_argument("--seq-len", type=_length, action="append", default=[], metavar="NAME=N",
+                       help="length of the family's sequence NAME (repeatable; default: the family's)")
+    # The same as flags: --NAME-len N for every sequence length some family names.
+    for name in sorted({length for family in families.values() for length in family.lengths}):
+        batch.add_argument(f"--{name}-len", type=int, dest=f"length_{name}", metavar="N",
+                           help=f"= --seq-len {name}=N")
     batch.add_argument("--micro-batches", type=int, default=8)
     batch.add_argument("--schedule", default="1f1b", help=f"pipeline schedule ({', '.join(SCHEDULES)})")
     machine = parser.add_argument_group("machine")
@@ -73,19 +81,34 @@ def _launch(plan: Path, stages: int, steps: int) -> None:
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as child:
         assert child.stdout is not None
         tail: list[str] = []
+        reported: list[str] = []  # a rank's own one-line error says more than torchrun's summary after it
         for line in child.stdout:
             if line.startswith("step "):
                 print(line.rstrip(), flush=True)
+            if line.startswith("partitioning.train: error"):
+                reported.append(line.rstrip())
             tail = (tail + [line.rstrip()])[-20:]
     if child.returncode:
-        errors = [line for line in tail if "error" in line.lower()]
+        errors = reported or [line for line in tail if "error" in line.lower()]
         raise PlanError(f"the pipelined run failed (torchrun exit {child.returncode}): "
                         f"{errors[-1] if errors else tail[-1] if tail else 'no output'}")
 
 
+def _lengths(args: argparse.Namespace) -> dict[str, int]:
+    lengths: dict[str, int] = {}
+    flags = [(name.removeprefix("length_"), value) for name, value in vars(args).items()
+             if name.startswith("length_") and value is not None]
+    for name, value in [*args.seq_len, *flags]:
+        if lengths.get(name, value) != value:
+            raise PlanError(f"sequence length {name!r} given twice: {lengths[name]} and {value}")
+        lengths[name] = value
+    return lengths
+
+
 def _plan(args: argparse.Namespace) -> tuple[str, Plan]:
-    if args.family not in FAMILIES:
-        raise PlanError(f"unknown family {args.family!r}; known: {', '.join(FAMILIES)}")
+    family = ModelFamily.load(args.family, args.version)
+    class_name = args.class_name or family.definition.default_class
+    info = family.class_info(class_name)
     if args.target == "ipu":
         if args.stages is not None and args.ipus is not None and args.stages != args.ipus:
             raise PlanError(f"--stages {args.stages} and --ipus {args.ipus} disagree: one stage per IPU")
@@ -94,29 +117,28 @@ def _plan(args: argparse.Namespace) -> tuple[str, Plan]:
         raise PlanError("--stages K is required (or --target ipu --ipus N)")
     if args.stages < 1:  # before costing, which can take seconds for large shapes
         raise PlanError(f"the number of stages must be at least 1, got {args.stages}")
-    if args.run and args.class_name != "T5ForConditionalGeneration":
-        raise PlanError("--run trains, so it needs T5ForConditionalGeneration (the class that computes a loss)")
+    if args.run and not info.trains:
+        trainers = family.training_classes()
+        raise PlanError(f"--run trains, so it needs {' or '.join(trainers) or 'a class that computes a loss'} "
+                        f"(a class whose forward returns its loss); {class_name} returns its {info.output}")
     if args.measure and args.device == "meta":
         raise PlanError("--measure needs a real --device (cpu or cuda)")
-    config = t5_config(args.shape or (None if args.config else "t5-small"), args.config)
-    micro_batch = MicroBatch(args.batch, args.source_len, args.target_len)
+    config = family.config(args.shape, args.config)
+    micro_batch = family.micro_batch(args.batch, _lengths(args))
     settings = Settings(device_flops=args.device_flops * 1e12, bandwidth=args.bandwidth * 1e9,
                         memory_limit=args.memory_gb * 1e9 if args.memory_gb is not None else None,
                         micro_batches=args.micro_batches, schedule=args.schedule,
                         optimizer_states=args.optimizer_states, master_weights=args.master_weights,
                         measured=bool(args.measure))
-    model = build_t5(args.class_name, config, args.version, args.device)
-    chain = t5_chain(args.class_name, config, micro_batch, args.granularity, args.version, args.device,
-                     args.measure, model=model)
-    description = {"family": args.family, "version": args.version, "class": args.class_name,
-                   "shape": args.shape or (str(args.config) if args.config else "t5-small"),
-                   "config": config.to_dict(), "granularity": args.granularity,
-                   "micro_batch": {"batch": args.batch, "source_len": args.source_len,
-                                   "target_len": args.target_len}, "shared_bytes": chain.shared_bytes}
+    model = family.build(class_name, config, args.device)
+    chain = family.chain(class_name, config, micro_batch, args.granularity, args.device, args.measure, model=model)
+    shape = args.shape or (str(args.config) if args.config else family.definition.default_shape)
+    description = {**family.describe(class_name, config, micro_batch, shape, args.granularity),
+                   "shared_bytes": chain.shared_bytes}
     plan = partition(chain.blocks, args.stages, settings, description)
-    report = [f"{args.family} {args.version} {args.class_name} {description['shape']}: {len(chain.blocks)} blocks, "
-              f"micro-batch {args.batch}x{args.source_len}->{args.target_len}, "
-              f"{args.micro_batches} micro-batches, {args.schedule}", format_plan(plan)]
+    report = [f"{args.family} {args.version} {class_name} {shape}: {len(chain.blocks)} blocks, "
+              f"micro-batch {micro_batch.describe()}, {args.micro_batches} micro-batches, {args.schedule}",
+              format_plan(plan)]
 
     write_atomic(args.output, plan.to_json().encode())
     report.append(f"wrote {args.output}")
@@ -137,7 +159,11 @@ def _plan(args: argparse.Namespace) -> tuple[str, Plan]:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = _parser().parse_args(argv)
+        parser = _parser()  # its flags come from the families' data
+    except PlanError as exc:
+        return report_error(exc)
+    try:
+        args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed its one-line usage error
         return 0 if exc.code == 0 else 2
     try:

@@ -9,7 +9,10 @@ plan and a generated model to it and covers what the engine does not do:
   position bias), and a value needing a gradient may go to one later stage
   only (T5's encoder output feeds every decoder stage): see
   :mod:`partitioning.stage_graphs`;
-* the loss is the schedule's ``loss_fn`` on the last stage's output;
+* the loss is the model's own: its labels are inputs like any other (carried
+  to the last stage), the last stage returns the loss, and the schedule's
+  ``loss_fn`` passes it through.  So the pipeline computes exactly what the
+  model does, for any number of label tensors;
 * a parameter used by several stages (T5's shared embedding, the tied LM
   head) is replicated into each of them with gradients never combined: like
   DeepSpeed's ``TiedLayerSpec``, the copies start identical (broadcast from
@@ -19,7 +22,7 @@ plan and a generated model to it and covers what the engine does not do:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -75,8 +78,7 @@ class PipelineRun:
     """
 
     def __init__(self, model: nn.Module, plan: Plan, example: dict[str, torch.Tensor], *, micro_batches: int,
-                 schedule: str, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                 device: torch.device | None = None, tied_sum: str = "ordered") -> None:
+                 schedule: str, device: torch.device | None = None, tied_sum: str = "ordered") -> None:
         if not dist.is_initialized():
             raise PlanError("torch.distributed is not initialized (launch with torchrun)")
         if schedule not in SCHEDULES:
@@ -101,7 +103,9 @@ class PipelineRun:
         self.module = pipe.get_stage_module(self.rank)
         contiguous_boundaries(self.module)
         self.stage = pipe.build_stage(self.rank, device)
-        self.schedule = SCHEDULES[schedule](self.stage, micro_batches, loss_fn=loss_fn)
+        self.schedule = SCHEDULES[schedule](self.stage, micro_batches, loss_fn=model_loss)
+        # The engine splits a target per micro-batch for loss_fn; the loss needs none (the labels are inputs).
+        self._placeholder = torch.zeros(micro_batches, device=device)
         self.tied = self._tie(holding)
         if self.tied and tied_sum == "ordered":
             self.module.register_forward_hook(self._watch)
@@ -122,13 +126,16 @@ class PipelineRun:
                 copies.append(TiedCopy(name, stages, parameter, group))
         return copies
 
-    def step(self, inputs: dict[str, torch.Tensor] | None = None,
-             target: torch.Tensor | None = None) -> list[torch.Tensor]:
-        """One pipelined forward and backward of a whole batch; the last stage returns each micro-batch's loss."""
+    def step(self, inputs: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """One pipelined forward and backward of a whole batch (labels included: stage 0 reads ``inputs``).
+
+        The last stage returns each micro-batch's loss.
+        """
         losses: list[torch.Tensor] = []
         args = tuple(inputs[name] for name in self.input_names) if self.rank == 0 and inputs is not None else ()
         last = self.rank == self.stages - 1
-        self.schedule.step(*args, target=target if last else None, losses=losses if last else None)
+        self.schedule.step(*args, target=self._placeholder if last else None, losses=losses if last else None,
+                           return_outputs=False)
         self.sync_tied_gradients()
         return losses
 
@@ -145,6 +152,9 @@ class PipelineRun:
                 copy.parameter.grad.copy_(total / self.micro_batches if self.schedule.scale_grads else total)
 
 
-def t5_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """T5ForConditionalGeneration's loss, as the schedule's ``loss_fn`` (the same call the model makes)."""
-    return nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1), ignore_index=-100)
+def model_loss(output: torch.Tensor, placeholder: torch.Tensor) -> torch.Tensor:
+    """The schedule's ``loss_fn``: the last stage's output already is the model's loss."""
+    if output.dim() != 0:
+        raise PlanError(f"the last stage returns a {list(output.shape)} tensor, not a loss: pipelined training "
+                        f"needs a class that computes its loss, given its labels as inputs")
+    return output

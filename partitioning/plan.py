@@ -4,6 +4,7 @@ costing, the partitioner and every placement backend)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -38,6 +39,16 @@ class Block:
     @property
     def first_module(self) -> str:
         return self.modules[0]
+
+
+def block_layers(block: Block, layer_lists: Sequence[str]) -> list[str]:
+    """The layers ``block`` runs: its modules that are items of a layer list (the family's repeated layers)."""
+    layers = []
+    for module in block.modules:
+        owner, _, index = module.rpartition(".")
+        if owner in layer_lists and index.isdigit():
+            layers.append(module)
+    return layers
 
 
 @dataclass(frozen=True)

@@ -1,36 +1,18 @@
-"""Model sizes to plan for: the published T5 checkpoints' hyper-parameters, or a config file.
+"""Model configs to plan for: a family's named shape (its recipe's ``[shapes]``) or a HuggingFace config file.
 
 Only the shape matters for costing (the weights are never loaded), so a named
-shape is the ``T5Config`` keyword arguments of the released checkpoint.
+shape is the config keyword arguments of a released checkpoint.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from partitioning.blocks import import_class
 from partitioning.plan import PlanError
-
-# From the config.json files published with the original T5 checkpoints (v1.0: relu feed-forward,
-# tied embeddings, 32128-token vocabulary, 32 relative-position buckets).
-_COMMON: dict[str, Any] = {"vocab_size": 32128, "feed_forward_proj": "relu", "relative_attention_num_buckets": 32,
-                           "dropout_rate": 0.1, "layer_norm_epsilon": 1e-6, "tie_word_embeddings": True,
-                           "decoder_start_token_id": 0, "pad_token_id": 0}
-SHAPES: dict[str, dict[str, Any]] = {
-    "t5-small": {**_COMMON, "d_model": 512, "d_ff": 2048, "d_kv": 64, "num_heads": 8, "num_layers": 6},
-    "t5-base": {**_COMMON, "d_model": 768, "d_ff": 3072, "d_kv": 64, "num_heads": 12, "num_layers": 12},
-    "t5-large": {**_COMMON, "d_model": 1024, "d_ff": 4096, "d_kv": 64, "num_heads": 16, "num_layers": 24},
-    "t5-3b": {**_COMMON, "d_model": 1024, "d_ff": 16384, "d_kv": 128, "num_heads": 32, "num_layers": 24},
-    "t5-11b": {**_COMMON, "d_model": 1024, "d_ff": 65536, "d_kv": 128, "num_heads": 128, "num_layers": 24},
-}
-
-
-def shape_kwargs(name: str) -> dict[str, Any]:
-    try:
-        return dict(SHAPES[name])
-    except KeyError:
-        raise PlanError(f"unknown shape {name!r}; known: {', '.join(SHAPES)}") from None
 
 
 def config_file_kwargs(path: Path) -> dict[str, Any]:
@@ -46,17 +28,22 @@ def config_file_kwargs(path: Path) -> dict[str, Any]:
     return data
 
 
-def t5_config(shape: str | None = None, config_file: Path | None = None) -> Any:
-    """A ``T5Config`` for a named shape or a config file (exactly one of them)."""
-    if (shape is None) == (config_file is None):
-        raise PlanError("give exactly one of a shape name or a config file")
-    from transformers import T5Config  # imported late: the partitioner itself does not need it
+def config_class(path: str) -> type:
+    """The config class ``package.Name`` (imported late: the partitioner itself does not need transformers)."""
+    module, _, name = path.rpartition(".")
+    return import_class(module, name)
 
-    kwargs = shape_kwargs(shape) if shape is not None else config_file_kwargs(config_file)  # type: ignore[arg-type]
+
+def make_config(path: str, kwargs: Mapping[str, Any]) -> Any:
+    """A ``path`` config (e.g. ``transformers.T5Config``) from keyword arguments."""
+    cls = config_class(path)
     try:
-        config = T5Config(**kwargs)
+        return cls(**kwargs)
     except (TypeError, ValueError) as exc:
-        raise PlanError(f"bad T5 config: {exc}") from None
-    if config.feed_forward_proj not in ("relu", "gated-gelu"):
-        raise PlanError(f"bad T5 config: feed_forward_proj {config.feed_forward_proj!r} is not relu or gated-gelu")
-    return config
+        raise PlanError(f"bad {cls.__name__}: {exc}") from None
+
+
+def unknown_keys(path: str, kwargs: Mapping[str, Any]) -> list[str]:
+    """Keys a config class does not know (HF configs keep any keyword as an attribute, so a typo is silent)."""
+    default = config_class(path)()
+    return [key for key in kwargs if not hasattr(default, key)]

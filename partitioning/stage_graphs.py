@@ -1,4 +1,4 @@
-"""Rewrites of the engine's split graph that ``torch.distributed.pipelining`` needs for T5 to run.
+"""Rewrites of the engine's split graph that ``torch.distributed.pipelining`` needs for models such as T5 to run.
 
 All of them change only how values travel between stages, never what a
 stage computes.  Every rank rewrites the whole split graph the same way, so

@@ -13,13 +13,18 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from partitioning.blocks import MicroBatch, build_t5, t5_inputs
-from partitioning.pipelining import TIED_SUMS, PipelineRun, t5_loss
+from converter.errors import ConvertError
+from converter.family import InputSpec
+from partitioning.blocks import MicroBatch, make_inputs
+from partitioning.family import ModelFamily
+from partitioning.pipelining import TIED_SUMS, PipelineRun
 from partitioning.plan import Plan, PlanError
+from partitioning.shapes import make_config
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,30 +45,47 @@ def _device() -> tuple[str, torch.device]:
     return "gloo", torch.device("cpu")
 
 
-def train(plan: Plan, steps: int, lr: float, seed: int, tied_sum: str, device: torch.device) -> list[str]:
-    described = plan.model
-    if described.get("family") != "t5" or described.get("class") != "T5ForConditionalGeneration":
-        raise PlanError("training runs need a T5ForConditionalGeneration plan (its forward computes a loss)")
-    from transformers import T5Config  # the plan stores the config the model was costed with
+def _rebuild(described: dict) -> tuple[torch.nn.Module, Any, list[InputSpec], MicroBatch]:
+    """The plan's model (same seed, same weights on every rank), its config, inputs and micro-batch.
 
-    config = T5Config(**described["config"])
-    micro_batch = MicroBatch(**described["micro_batch"])
-    micro_batches, schedule = int(plan.settings["micro_batches"]), str(plan.settings["schedule"])
+    The plan records the generated package and the config class it was costed with; they must be
+    what the family's recipe gives here (a stale plan, or one naming other code, is refused).
+    """
+    try:
+        family = ModelFamily.load(described["family"], described["version"])
+        class_name = described["class"]
+        if not family.class_info(class_name).trains:
+            raise PlanError(f"training runs need a plan of a class whose forward returns its loss; "
+                            f"{class_name} returns its {family.class_info(class_name).output}")
+        for key, expected in (("module", family.package), ("config_class", family.definition.config_path)):
+            if described[key] != expected:
+                raise PlanError(f"the plan's {key} is {described[key]!r} but the {family.name} recipe gives "
+                                f"{expected!r}: re-plan with partition-model")
+        config = make_config(family.definition.config_path, described["config"])
+        specs = [InputSpec.from_dict(spec) for spec in described["inputs"]]
+        micro_batch = MicroBatch.from_dict(described["micro_batch"])
+    except KeyError as exc:
+        raise PlanError(f"the plan does not say how to rebuild its model (no {exc}): "
+                        f"re-plan with partition-model") from None
+    except ConvertError as exc:
+        raise PlanError(exc.one_line()) from None
+    return family.build(class_name, config, "cpu"), config, specs, micro_batch
+
+
+def train(plan: Plan, steps: int, lr: float, seed: int, tied_sum: str, device: torch.device) -> list[str]:
     torch.manual_seed(seed)
-    model = build_t5("T5ForConditionalGeneration", config, described["version"], device="cpu")
-    example = t5_inputs("T5ForConditionalGeneration", config, micro_batch, "cpu")
-    example.pop("labels")
-    run = PipelineRun(model, plan, example, micro_batches=micro_batches, schedule=schedule, loss_fn=t5_loss,
-                      device=device, tied_sum=tied_sum)
+    model, config, specs, micro_batch = _rebuild(plan.model)
+    micro_batches, schedule = int(plan.settings["micro_batches"]), str(plan.settings["schedule"])
+    example = make_inputs(specs, config, micro_batch, "cpu")
+    run = PipelineRun(model, plan, example, micro_batches=micro_batches, schedule=schedule, device=device,
+                      tied_sum=tied_sum)
     optimizer = torch.optim.Adam(run.module.parameters(), lr=lr)
-    whole = MicroBatch(micro_batch.batch * micro_batches, micro_batch.source_len, micro_batch.target_len)
+    whole = micro_batch.scaled(micro_batches)
     lines = []
     for step in range(steps):
-        batch = {k: v.to(device) for k, v in t5_inputs("T5ForConditionalGeneration", config, whole, "cpu",
-                                                       seed=seed + step + 1).items()}
-        labels = batch.pop("labels")
+        batch = {k: v.to(device) for k, v in make_inputs(specs, config, whole, "cpu", seed=seed + step + 1).items()}
         start = time.perf_counter()
-        losses = run.step(batch, labels)
+        losses = run.step(batch)
         optimizer.step()
         optimizer.zero_grad()
         seconds = time.perf_counter() - start

@@ -17,11 +17,11 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from t5_models import config  # noqa: E402
+from t5_models import T5, config  # noqa: E402
 
-from partitioning.blocks import MicroBatch, build_t5, t5_chain  # noqa: E402
+from partitioning.blocks import MicroBatch  # noqa: E402
 from partitioning.partition import Settings, build_plan, partition  # noqa: E402
-from partitioning.pipelining import PipelineRun, t5_loss  # noqa: E402
+from partitioning.pipelining import PipelineRun  # noqa: E402
 
 STEPS, PER_MICRO_BATCH, SOURCE, TARGET = 3, 2, 7, 5
 
@@ -47,10 +47,11 @@ def run_case(case: str, out: Path) -> None:
     cfg = config(config_name)
     cfg.dropout_rate = 0.0  # the reference and the ranks draw no random numbers
     torch.manual_seed(0)
-    model = build_t5("T5ForConditionalGeneration", cfg, device="cpu").make_stateless()
+    model = T5.build("T5ForConditionalGeneration", cfg, device="cpu").make_stateless()
     reference = copy.deepcopy(model)
 
-    chain = t5_chain("T5ForConditionalGeneration", cfg, MicroBatch(PER_MICRO_BATCH, SOURCE, TARGET))
+    micro_batch = MicroBatch(PER_MICRO_BATCH, {"source": SOURCE, "target": TARGET})
+    chain = T5.chain("T5ForConditionalGeneration", cfg, micro_batch)
     settings = Settings(micro_batches=micro_batches, schedule=schedule)
     if split == "optimal":
         plan = partition(chain.blocks, dist.get_world_size(), settings)
@@ -61,10 +62,8 @@ def run_case(case: str, out: Path) -> None:
         plan = build_plan(chain.blocks, segments, settings, {})
 
     data = [batch(PER_MICRO_BATCH * micro_batches, cfg.vocab_size, seed=10 + step) for step in range(STEPS)]
-    inputs = {k: v for k, v in data[0].items() if k != "labels"}
-    example = {k: v[:PER_MICRO_BATCH] for k, v in inputs.items()}
-    run = PipelineRun(model, plan, example, micro_batches=micro_batches, schedule=schedule, loss_fn=t5_loss,
-                      tied_sum=tied_sum)
+    example = {k: v[:PER_MICRO_BATCH] for k, v in data[0].items()}  # labels too: the model computes its loss
+    run = PipelineRun(model, plan, example, micro_batches=micro_batches, schedule=schedule, tied_sum=tied_sum)
     tied = {c.name.removeprefix("model."): c for c in run.tied}
     rank, last = dist.get_rank(), dist.get_rank() == len(plan.stages) - 1
 
@@ -74,7 +73,7 @@ def run_case(case: str, out: Path) -> None:
     reference_optimizer = torch.optim.Adam(reference.parameters(), lr=1e-2, foreach=False)
     problems: list[str] = []
     for step, values in enumerate(data):
-        losses = run.step({k: v for k, v in values.items() if k != "labels"}, values["labels"])
+        losses = run.step(values)
         expected = []
         for chunk in range(micro_batches):
             part = {k: v.tensor_split(micro_batches)[chunk] for k, v in values.items()}

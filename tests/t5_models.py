@@ -11,7 +11,11 @@ transformers = pytest.importorskip("transformers")
 from transformers import T5Config  # noqa: E402
 from transformers.models.t5 import modeling_t5 as stock  # noqa: E402
 
+from partitioning.family import ModelFamily  # noqa: E402
+from partitioning.ipu.roles import Roles, roles_for  # noqa: E402
+
 generated = importlib.import_module("generated_models.t5.v4_5_1.modeling_t5")
+T5 = ModelFamily.load("t5", "4.5.1")  # the partitioner's view of T5, read from converter/recipe_data/t5.toml
 
 CLASSES = ("T5ForConditionalGeneration", "T5Model", "T5EncoderModel")
 
@@ -31,6 +35,11 @@ CONFIGS = {
 def config(name: str) -> T5Config:
     return T5Config(vocab_size=48, d_model=16, d_kv=4, d_ff=24, num_heads=2, relative_attention_num_buckets=8,
                     dropout_rate=0.1, decoder_start_token_id=0, pad_token_id=0, **CONFIGS[name])
+
+
+def t5_roles(tied: bool, stateless: bool) -> Roles:
+    """The IPU roles of T5ForConditionalGeneration, as partition-model derives them from the recipe."""
+    return roles_for("t5", "T5ForConditionalGeneration", {"tie_word_embeddings": tied}, stateless)
 
 
 def pair(class_name: str, config_name: str, seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:

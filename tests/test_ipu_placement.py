@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from t5_models import t5_roles
 
 from partitioning.ipu.config import IPUConfig
 from partitioning.ipu.costs import IPU_MEMORY_BYTES
 from partitioning.ipu.errors import IPUError
 from partitioning.ipu.placement import Placement, place, plan_ipu, validate
-from partitioning.ipu.roles import Roles, t5_roles
+from partitioning.ipu.roles import Roles
 from partitioning.plan import Block, Plan, Stage
 
 KEEP = IPUConfig(rebalance_shared=False)  # the plan's stages as they are
@@ -201,3 +202,16 @@ def test_placement_is_data_validate_rechecks_it() -> None:
     doubled = dataclasses.replace(placement, annotations=placement.annotations + (placement.annotations[0],))
     with pytest.raises(IPUError, match="already starts a block"):
         validate(doubled)
+
+
+def test_a_shared_weight_user_inside_a_block_module_counts_as_that_block_using_it() -> None:
+    # BERT-like: the tied word embeddings sit inside the "embeddings" block; the plan names no shared weight.
+    names = ["embeddings", "encoder.layer.0", "encoder.layer.1", "cls"]
+    blocks = [Block(n, ("bert." + n if n != "cls" else n,), 10.0, param_bytes=100, out_bytes=10) for n in names]
+    stages = [Stage(i, (n,), compute=10.0, communication=0.0, memory_bytes=100) for i, n in enumerate(names[:3])]
+    stages[-1] = Stage(2, ("encoder.layer.1", "cls"), compute=20.0, communication=0.0, memory_bytes=200)
+    roles = Roles("stateless", "w", "hint", ("bert.encoder.layer",),
+                  {"w": ("bert.embeddings.word_embeddings", "cls.predictions.decoder")})
+    placement = place(Plan({}, blocks, stages), KEEP, roles)
+    assert placement.shared == {"w": (0, 3)}
+    assert placement.annotations[-1].module == "cls" and placement.annotations[-1].ipu == 0

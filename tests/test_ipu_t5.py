@@ -17,7 +17,7 @@ from typing import Any
 import poptorch_standin
 import pytest
 import torch
-from t5_models import generated, inputs
+from t5_models import T5, generated, inputs, t5_roles
 from transformers import T5Config
 
 from partitioning.ipu import apply
@@ -25,7 +25,6 @@ from partitioning.ipu.codegen import module_expression, render, write_paralleliz
 from partitioning.ipu.config import IPUConfig
 from partitioning.ipu.errors import IPUError
 from partitioning.ipu.placement import Placement, plan_ipu
-from partitioning.ipu.roles import t5_roles
 from partitioning.plan import Block, Plan, Stage
 
 KEEP = IPUConfig(rebalance_shared=False)  # the plan's stages exactly, as the acceptance asks
@@ -217,8 +216,8 @@ def test_the_partitioners_own_plan_places_and_runs(standin) -> None:
     blocks = pytest.importorskip("partitioning.blocks")
     partition = pytest.importorskip("partitioning.partition")
     model = t5("stateless")
-    chain = blocks.t5_chain("T5ForConditionalGeneration", model.config, blocks.MicroBatch(2, 7, 5), device="cpu",
-                            model=model)
+    chain = T5.chain("T5ForConditionalGeneration", model.config, blocks.MicroBatch(2, {"source": 7, "target": 5}),
+                     device="cpu", model=model)
     plan = partition.partition(chain.blocks, 4, partition.Settings(),
                                {"family": "t5", "version": "4.5.1", "config": model.config.to_dict()})
     placement = plan_ipu(plan, IPUConfig(), t5_roles(tied=True, stateless=True))

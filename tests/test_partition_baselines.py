@@ -8,13 +8,14 @@ import itertools
 import pytest
 
 from partitioning.baselines import parameter_balanced_split, parameter_counts, uniform_split
-from partitioning.blocks import MicroBatch, build_t5, t5_chain
+from partitioning.blocks import MicroBatch
 from partitioning.costing import Chain
 from partitioning.partition import Settings, build_plan, partition
 from partitioning.placement import module_to_device
 from partitioning.plan import Block, PlanError
-from partitioning.shapes import t5_config
-from t5_models import config
+from t5_models import T5, config
+
+LISTS = T5.layer_lists("T5ForConditionalGeneration")  # encoder.block, decoder.block
 
 
 def t5_like(encoder: int, decoder: int) -> list[Block]:
@@ -36,7 +37,7 @@ def layers_per_stage(blocks: list[Block], segments: list[tuple[int, int]]) -> li
 def test_uniform_split_spreads_layers_like_layers_per_ipu_wildcards(encoder: int, decoder: int, stages: int,
                                                                     expected: list[int]) -> None:
     blocks = t5_like(encoder, decoder)
-    segments = uniform_split(blocks, stages)
+    segments = uniform_split(blocks, stages, LISTS)
     assert layers_per_stage(blocks, segments) == expected
     assert segments[0][0] == 0 and segments[-1][1] == len(blocks) - 1  # embedding first, head last
     assert all(end + 1 == start for (_, end), (start, _) in zip(segments, segments[1:]))
@@ -44,12 +45,12 @@ def test_uniform_split_spreads_layers_like_layers_per_ipu_wildcards(encoder: int
 
 def test_uniform_split_keeps_non_layer_blocks_with_the_layer_before_them() -> None:
     blocks = t5_like(2, 2)
-    segments = uniform_split(blocks, 2)
+    segments = uniform_split(blocks, 2, LISTS)
     assert [[b.name for b in blocks[i:j + 1]] for i, j in segments] == [
         ["encoder.embed", "encoder.block.0", "encoder.block.1", "encoder.final", "decoder.embed"],
         ["decoder.block.0", "decoder.block.1", "decoder.final", "lm_head"]]
     with pytest.raises(PlanError, match="4 layers, 5 stages"):
-        uniform_split(blocks, 5)
+        uniform_split(blocks, 5, LISTS)
 
 
 def test_parameter_counts_charge_a_tied_weight_at_every_user() -> None:
@@ -70,7 +71,7 @@ def test_parameter_balanced_split_is_the_most_balanced_parameter_split() -> None
 
 @functools.cache
 def t5_small() -> Chain:
-    return t5_chain("T5ForConditionalGeneration", t5_config("t5-small"), MicroBatch(2, 64, 32))
+    return T5.chain("T5ForConditionalGeneration", T5.config("t5-small"), MicroBatch(2, {"source": 64, "target": 32}))
 
 
 @pytest.mark.parametrize("stages", [2, 4, 8])
@@ -78,7 +79,7 @@ def test_optimal_plan_is_never_worse_than_either_baseline_on_t5_small(stages: in
     chain = t5_small()
     settings = Settings(device_flops=50e12, bandwidth=50e9, micro_batches=4)
     ours = partition(chain.blocks, stages, settings)
-    for segments in (uniform_split(chain.blocks, stages),
+    for segments in (uniform_split(chain.blocks, stages, LISTS),
                      parameter_balanced_split(chain.blocks, stages, chain.shared_bytes)):
         baseline = build_plan(chain.blocks, segments, settings, {})
         assert ours.bottleneck <= baseline.bottleneck
@@ -87,8 +88,8 @@ def test_optimal_plan_is_never_worse_than_either_baseline_on_t5_small(stages: in
 
 def test_module_to_device_places_every_block_module_and_the_root() -> None:
     cfg = config("1layer-relu-tied")
-    model = build_t5("T5ForConditionalGeneration", cfg)
-    chain = t5_chain("T5ForConditionalGeneration", cfg, MicroBatch(2, 7, 5), model=model)
+    model = T5.build("T5ForConditionalGeneration", cfg)
+    chain = T5.chain("T5ForConditionalGeneration", cfg, MicroBatch(2, {"source": 7, "target": 5}), model=model)
     names = [b.name for b in chain.blocks]
     segments = [(0, names.index("encoder.final")), (names.index("decoder.embed"), len(names) - 1)]
     plan = build_plan(chain.blocks, segments, Settings(), {})

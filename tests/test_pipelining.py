@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from partitioning.blocks import MicroBatch, build_t5, t5_chain
+from partitioning.blocks import MicroBatch
 from partitioning.partition import Settings, build_plan
-from partitioning.pipelining import PipelineRun, split_spec, t5_loss
+from partitioning.pipelining import PipelineRun, split_spec
 from partitioning.plan import PlanError
-from t5_models import config
+from t5_models import T5, config
 
 TESTS = Path(__file__).parent
 # The interpreter's own torchrun first: CI runs .venv/bin/python without activating the venv.
@@ -84,7 +84,7 @@ def test_three_ranks_gpipe_and_1f1b_equal_single_process_training(tmp_path: Path
 
 def tiny_plan(split: list[str]):  # type: ignore[no-untyped-def]
     cfg = config("1layer-relu-tied")
-    chain = t5_chain("T5ForConditionalGeneration", cfg, MicroBatch(2, 7, 5))
+    chain = T5.chain("T5ForConditionalGeneration", cfg, MicroBatch(2, {"source": 7, "target": 5}))
     names = [block.name for block in chain.blocks]
     starts = [0] + [names.index(name) for name in split]
     return cfg, build_plan(chain.blocks, [(a, b - 1) for a, b in zip(starts, starts[1:] + [len(names)])],
@@ -93,9 +93,9 @@ def tiny_plan(split: list[str]):  # type: ignore[no-untyped-def]
 
 def test_split_spec_cuts_before_each_later_stage_first_module() -> None:
     cfg, plan = tiny_plan(["decoder.embed", "lm_head"])
-    model = build_t5("T5ForConditionalGeneration", cfg).make_stateless()
+    model = T5.build("T5ForConditionalGeneration", cfg).make_stateless()
     assert list(split_spec(plan, model, "model.")) == ["model.decoder.embed_tokens", "model.lm_head"]
-    encoder_only = build_t5("T5EncoderModel", cfg)
+    encoder_only = T5.build("T5EncoderModel", cfg)
     with pytest.raises(PlanError, match="'decoder.embed_tokens', which the model does not have"):
         split_spec(plan, encoder_only)
 
@@ -104,8 +104,7 @@ def test_pipeline_run_needs_torchrun() -> None:
     assert not dist.is_initialized()
     cfg, plan = tiny_plan(["decoder.embed"])
     with pytest.raises(PlanError, match="launch with torchrun"):
-        PipelineRun(build_t5("T5ForConditionalGeneration", cfg), plan, {}, micro_batches=2, schedule="gpipe",
-                    loss_fn=t5_loss)
+        PipelineRun(T5.build("T5ForConditionalGeneration", cfg), plan, {}, micro_batches=2, schedule="gpipe")
 
 
 def test_partition_model_run_trains_the_plan_under_torchrun(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

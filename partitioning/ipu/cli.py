@@ -68,8 +68,8 @@ def _run(args: argparse.Namespace, plan: Plan | None) -> str:
     family = plan.model.get("family") or getattr(args, "family", None)
     if not family:
         raise IPUError("the plan does not say its model family: re-plan with partition-model")
-    tied = bool(plan.model.get("config", {}).get("tie_word_embeddings", True))
-    placement = plan_ipu(plan, config, roles_for(family, tied, args.ipu_form == "stateless"))
+    roles = roles_for(family, plan.model.get("class"), plan.model.get("config", {}), args.ipu_form == "stateless")
+    placement = plan_ipu(plan, config, roles)
     words = ["partition-model", family, "--version", str(plan.model.get("version", "?")), "--target", "ipu",
              "--ipus", str(placement.ipus), "--ipu-form", args.ipu_form]
     if args.ipu_config:

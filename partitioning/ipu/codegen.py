@@ -80,7 +80,7 @@ def render(placement: Placement, command: str) -> str:
               '    """Annotate ``model`` in place for PopTorch (blocks in execution order) and return it."""',
               "    poptorch = _poptorch()"]
     roles = placement.roles
-    if roles is not None:
+    if roles is not None and roles.marker is not None:
         lines += [f"    if not hasattr(model, {roles.marker!r}):",
                   f"        raise ValueError({f'this placement is for the {roles.form} form: {roles.hint}'!r})"]
     stage_of = {user_id: stage.index for stage in placement.pipeline() for user_id in stage.user_ids}

@@ -1,8 +1,8 @@
 """optimum-graphcore's manual layout, ``layers_per_ipu``, turned into the plan's stages.
 
-A *layer* is an item of one of the model's layer lists (for T5,
-``encoder.block.N`` and ``decoder.block.N``), counted across the whole model
-as optimum-graphcore does for encoder-decoder models.
+A *layer* is an item of one of the model's layer lists (its family's repeated
+layers; for T5, ``encoder.block.N`` and ``decoder.block.N``), counted across
+the whole model as optimum-graphcore does for encoder-decoder models.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from partitioning.ipu.errors import IPUError
-from partitioning.plan import Block
+from partitioning.plan import Block, block_layers
 
 
 def expand_layers_per_ipu(layers_per_ipu: Sequence[int], num_layers: int) -> list[int]:
@@ -40,16 +40,6 @@ def expand_layers_per_ipu(layers_per_ipu: Sequence[int], num_layers: int) -> lis
 def layer_ipus(layers_per_ipu: Sequence[int], num_layers: int) -> list[int]:
     """The IPU of every layer, in order (optimum-graphcore's ``get_layer_ipu``)."""
     return [ipu for ipu, count in enumerate(expand_layers_per_ipu(layers_per_ipu, num_layers)) for _ in range(count)]
-
-
-def block_layers(block: Block, layer_lists: Sequence[str]) -> list[str]:
-    """The layers ``block`` runs: its modules that are items of a layer list."""
-    layers = []
-    for module in block.modules:
-        owner, _, index = module.rpartition(".")
-        if owner in layer_lists and index.isdigit():
-            layers.append(module)
-    return layers
 
 
 def count_layers(blocks: Sequence[Block], layer_lists: Sequence[str]) -> int:

@@ -219,7 +219,9 @@ def _uses(block: Block, weight: str, roles: Roles | None) -> bool:
     if weight in block.shared:
         return True
     users = roles.shared.get(weight, ()) if roles else ()
-    return any(_module_of(roles, module) in users for module in block.modules)
+    # A user may be the block's module or inside it (BERT's word embeddings inside its embeddings block).
+    return any(user == owner or user.startswith(owner + ".")
+               for owner in (_module_of(roles, module) for module in block.modules) for user in users)
 
 
 def _weights(plan: Plan, roles: Roles | None) -> list[str]:
