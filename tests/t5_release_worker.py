@@ -19,7 +19,7 @@ Checks (each a list of named cases; a failing case does not stop the others):
                     on the traced shape and another one
   export-strict     torch.export.export strict, dynamic batch and sequence dims, equal on two shapes:
                     T5ForConditionalGeneration and T5EncoderModel (T5Model runs the same stack code;
-                    strict export costs about 8 s of CPU per class here)
+                    strict export costs 4 to 11 s of CPU per class here)
   export-non-strict the same, non-strict, every class
 Stock runs the eager attention where a release offers several (``attn_implementation="eager"``),
 which is what the generated model computes. Exit 0 when every check passed, 1 when one failed,
