@@ -5,19 +5,13 @@ Installs run real pip against a local package index holding small transformers w
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import FakeIndex, isolate_pip
+from conftest import FakeIndex, isolate_pip, load_script
 
-REPO = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("install_releases", REPO / "scripts" / "install_releases.py")
-installer = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = installer  # dataclasses look their module up there
-_spec.loader.exec_module(installer)
+installer = load_script("install_releases")
 
 GOOD = {"transformers/__init__.py": b'__version__ = "{version}"\n', "transformers/modeling_utils.py": b"X = 1\n"}
 

@@ -10,7 +10,6 @@ fails here; nothing is skipped.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import re
 import subprocess
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import load_script
 from converter.pipeline import version_dir
 from t5_release_worker import CHECKS, run_in_subprocess
 
@@ -31,15 +31,7 @@ WORKER = TESTS / "t5_release_worker.py"
 _SOURCE = re.compile(r"^# source: transformers (\S+), transformers/models/t5/modeling_t5\.py$", re.M)
 
 
-def _load_installer():
-    spec = importlib.util.spec_from_file_location("install_releases", REPO / "scripts" / "install_releases.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-installer = _load_installer()
+installer = load_script("install_releases")
 
 
 def committed_releases() -> dict[str, str | None]:
