@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.util
 import os
+import sys
 import shutil
 import zipfile
 from pathlib import Path
@@ -18,6 +20,16 @@ SOURCE_CACHE = FIXTURES / "cache"
 T5_MEMBER = "transformers/models/t5/modeling_t5.py"
 T5_SOURCE = SOURCE_CACHE / "transformers-4.5.1" / T5_MEMBER
 REPO = Path(__file__).parent.parent
+
+
+def load_script(name: str):
+    """The module ``scripts/<name>.py`` (scripts/ is not a package), imported once."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # registered before it runs: dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 @pytest.fixture
