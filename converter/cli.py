@@ -10,7 +10,7 @@ import shlex
 import sys
 from pathlib import Path, PurePosixPath
 
-from converter import __version__
+from converter import __version__, verify
 from converter.atomic import write_all_atomic
 from converter.errors import ConvertError
 from converter.fetch import ORIGINS, Fetcher, SourceFile, default_cache_dir, read_source_file, validate_version
@@ -42,6 +42,11 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--check", action="store_true", help="exit 1 and print a diff if the files on disk differ")
     mode.add_argument("--diff", action="store_true", help="print the original -> generated diff, write nothing")
     mode.add_argument("--list", action="store_true", help="list families and the versions known to work")
+    check = parser.add_mutually_exclusive_group()
+    check.add_argument("--verify", dest="trace", action="store_const", const="always", default="auto",
+                       help="require the fx check: build the classes from a tiny config and trace them (default: "
+                            "run it when torch and this release are installed)")
+    check.add_argument("--no-verify", dest="trace", action="store_const", const="never", help="skip the fx check")
     verbosity = parser.add_mutually_exclusive_group()
     verbosity.add_argument("-q", "--quiet", action="store_true")
     verbosity.add_argument("-v", "--verbose", action="store_true")
@@ -52,8 +57,9 @@ def _parser() -> argparse.ArgumentParser:
 def _list() -> str:
     lines = []
     for family, recipe in sorted(load_recipes().items()):
-        versions = ", ".join(sorted(recipe.known_versions)) or "none verified"
-        lines.append(f"{family}: {recipe.package} {recipe.source}; versions known to work: {versions}")
+        versions = ", ".join(recipe.verified_versions()) or "none"
+        lines.append(f"{family}: {recipe.package} {recipe.source}; verified releases: {versions}; "
+                     f"any other release converts unverified, with a warning")
     return "\n".join(lines)
 
 
@@ -73,32 +79,35 @@ def _gather_sources(args: argparse.Namespace, recipe: Recipe) -> dict[str, Sourc
     if args.source_file:
         local[recipe.source] = read_source_file(args.source_file, recipe.source)
     elif args.source_dir:
-        for member in recipe.members:
+        for member in recipe.members_for(args.version):
             path = args.source_dir / member
             if not path.is_file():
                 raise ConvertError(f"{path} not found: --source-dir must hold {member}")
             local[member] = read_source_file(path, member)
-    remaining = tuple(m for m in recipe.members if m not in local)
+    remaining = tuple(m for m in recipe.members_for(args.version) if m not in local)
     if remaining:
-        pinned = {recipe.source: recipe.known_versions[args.version]} if args.version in recipe.known_versions else {}
+        pinned = recipe.pins.get(args.version, {})
         fetcher = Fetcher(recipe.package, args.version, args.cache_dir or default_cache_dir(), args.origin, pinned)
         local.update(fetcher.fetch(remaining))
     return local
 
 
-def _verify_release(recipe: Recipe, version: str, main: SourceFile) -> bool:
-    """True when the main file is byte-identical to the verified release."""
-    expected = recipe.known_versions.get(version)
-    if expected is None:
-        log.warning("%s %s is not among the versions known to work (%s): check the output",
-                    recipe.package, version, ", ".join(sorted(recipe.known_versions)))
+def _verify_release(recipe: Recipe, version: str, sources: dict[str, SourceFile]) -> bool:
+    """True when every file read is byte-identical to the verified release's."""
+    pins = recipe.pins.get(version)
+    if pins is None:
+        log.warning("%s %s is unverified (verified: %s): converted by the recipe's release ranges; check the "
+                    "output", recipe.package, version, ", ".join(recipe.verified_versions()))
         return True
-    if main.sha256 == expected:
-        return True
-    # Fetched files were verified by the fetcher; only a user's local file gets here.
-    log.warning("%s differs from %s %s's %s (sha256 %s, expected %s)", main.origin.removeprefix("file:"),
-                recipe.package, version, recipe.source, main.sha256[:12], expected[:12])
-    return False
+    same = True
+    for member, expected in pins.items():
+        found = sources[member]
+        if found.sha256 != expected:
+            # Fetched files were verified by the fetcher; only a user's local file gets here.
+            log.warning("%s differs from %s %s's %s (sha256 %s, expected %s)", found.origin.removeprefix("file:"),
+                        recipe.package, version, member, found.sha256[:12], expected[:12])
+            same = False
+    return same
 
 
 def _display_name(args: argparse.Namespace, recipe: Recipe) -> str:
@@ -138,10 +147,12 @@ def _run(args: argparse.Namespace) -> int:
     if not (args.check or args.diff):
         _ensure_writable(args.output_dir)
     sources = _gather_sources(args, recipe)
-    is_release = _verify_release(recipe, args.version, sources[recipe.source])
+    is_release = _verify_release(recipe, args.version, sources)
     conversion = Conversion(recipe, args.version, sources, _command(args, pinned_source=not is_release))
     files = render(conversion, _display_name(args, recipe))
     root = args.output_dir
+    if not (args.check or args.diff):
+        verify.trace_check(args.trace, files, recipe.family, recipe.package, args.version)
 
     if args.diff:
         module_path = next(p for p in files if p.name == PurePosixPath(recipe.source).name)

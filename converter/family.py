@@ -143,6 +143,11 @@ class FamilyDefinition:
     shapes: dict[str, dict[str, Any]]  # name -> config keyword arguments (common values included)
     default_shape: str
     shared: dict[str, tuple[SharedWeight, ...]] = field(default_factory=dict)  # class -> its shared weights
+    verify_shape: str = ""  # the shape convert-model's fx check builds (default: default_shape)
+
+    def __post_init__(self) -> None:
+        if not self.verify_shape:
+            object.__setattr__(self, "verify_shape", self.default_shape)
 
     @property
     def config_path(self) -> str:
@@ -299,17 +304,20 @@ def parse_definition(data: Mapping[str, Any], origin: str) -> FamilyDefinition |
                                 f"pipeline.inputs.{name}", lengths) for name, value in inputs_table.items())
     chain = _chain(reader, pipeline["blocks"])
 
-    shapes_table = reader.table(data["shapes"], "shapes", ("default", "common", "named"), ("default", "named"))
+    shapes_table = reader.table(data["shapes"], "shapes", ("default", "verify", "common", "named"),
+                                ("default", "named"))
     common = _config_values(reader, shapes_table.get("common", {}), "shapes.common")
     named = reader.table(shapes_table["named"], "shapes.named", shapes_table["named"])
     shapes = {name: {**common, **_config_values(reader, values, f"shapes.named.{name}")}
               for name, values in named.items()}
     default_shape = reader.string(shapes_table["default"], "shapes.default")
-    if default_shape not in shapes:
-        raise reader.fail(f"shapes.default {default_shape!r} is not one of shapes.named ({', '.join(shapes)})")
+    verify_shape = reader.string(shapes_table.get("verify", default_shape), "shapes.verify")
+    for key, shape in (("default", default_shape), ("verify", verify_shape)):
+        if shape not in shapes:
+            raise reader.fail(f"shapes.{key} {shape!r} is not one of shapes.named ({', '.join(shapes)})")
 
     return FamilyDefinition(family, package, config_class, default_class, classes, lengths, inputs, chain, shapes,
-                            default_shape, _shared_weights(reader, data.get("transforms", []), classes))
+                            default_shape, _shared_weights(reader, data.get("transforms", []), classes), verify_shape)
 
 
 def _chain(reader: _Reader, blocks: Any) -> tuple[ChainEntry, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -10,13 +11,13 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
-from converter import __version__
+from converter import __version__, verify
 from converter.errors import ConvertError
 from converter.fetch import SourceFile
 from converter.recipes import Recipe, TransformStep
 from transforms import REGISTRY
 from transforms.analysis.syntax import is_docstring, is_import_line
-from transforms.base import DEFER_IMPORT_EDITS, SUPPORT_SOURCES, TransformError
+from transforms.base import DEFER_IMPORT_EDITS, EXPORTED_CLASSES, HEADER_NOTES, SUPPORT_SOURCES, TransformError
 from transforms.options import OptionError
 
 log = logging.getLogger("converter")
@@ -52,46 +53,70 @@ def _check_classes(tree: cst.Module, recipe: Recipe, display_name: str) -> None:
             raise ConvertError(f"{display_name}: missing class {name} required by recipe {recipe.family!r}")
 
 
-def transform_module(tree: cst.Module, recipe: Recipe, supports: dict[str, SourceFile],
-                     version: str | None = None) -> cst.Module:
-    """Apply the transforms of ``recipe`` that apply to release ``version``, in order.
-
-    The result is a fixed point.  ``version`` None stands for a release the
-    recipe knows nothing of: steps limited to release ranges are skipped.
-    """
-    context = CodemodContext(
+def _context(recipe: Recipe, supports: dict[str, SourceFile]) -> CodemodContext:
+    return CodemodContext(
         filename=PurePosixPath(recipe.source).name,
         full_module_name=recipe.module_name,
         full_package_name=recipe.module_name.rpartition(".")[0],
-        scratch={SUPPORT_SOURCES: {m: s.text for m, s in supports.items()}, DEFER_IMPORT_EDITS: True},
+        scratch={SUPPORT_SOURCES: {m: s.text for m, s in supports.items()}, DEFER_IMPORT_EDITS: True,
+                 EXPORTED_CLASSES: recipe.classes},
     )
+
+
+def transform_steps(tree: cst.Module, recipe: Recipe, supports: dict[str, SourceFile],
+                    version: str | None = None, strict: bool = False, report: bool = True,
+                    notes: list[str] | None = None) -> Iterator[tuple[str, cst.Module]]:
+    """Each step's name and the tree after it, then ``("imports", final tree)``.
+
+    The scheduled import edits are applied once, after the last step.
+    ``version`` None stands for a release the recipe knows nothing of: steps
+    limited to release ranges are skipped.  With ``strict`` (an unverified
+    release), a step that finds nothing to rewrite is an error, not a warning;
+    ``report`` False keeps the warnings quiet (a replay).  ``notes`` receives
+    the header lines the steps asked for (what they specialized or assumed).
+    """
+    context = _context(recipe, supports)
     for step in recipe.steps_for(version):
-        tree = _apply(step, tree, context, recipe, version)
+        tree = _apply(step, tree, context, recipe, version, strict)
+        yield step.name, tree
     if AddImportsVisitor.CONTEXT_KEY in context.scratch:
         tree = add_imports(tree, context)
     if RemoveImportsVisitor.CONTEXT_KEY in context.scratch:
         tree = RemoveImportsVisitor(context).transform_module(tree)
-    for warning in context.warnings:
+    for warning in context.warnings if report else ():
         log.warning("%s", warning)
-    return tree
+    if notes is not None:
+        notes += context.scratch.get(HEADER_NOTES, [])
+    yield "imports", tree
+
+
+def transform_module(tree: cst.Module, recipe: Recipe, supports: dict[str, SourceFile],
+                     version: str | None = None, strict: bool = False, notes: list[str] | None = None) -> cst.Module:
+    """Apply the transforms of ``recipe`` that apply to release ``version``, in order (a fixed point)."""
+    *_, (_, result) = transform_steps(tree, recipe, supports, version, strict, notes=notes)
+    return result
 
 
 def _apply(step: TransformStep, tree: cst.Module, context: CodemodContext, recipe: Recipe,
-           version: str | None) -> cst.Module:
+           version: str | None, strict: bool) -> cst.Module:
     """One step: a source it does not fit is a one-line error, finding nothing a warning."""
+    release = f"{recipe.package} {version}" if version else recipe.package
     try:
         options = step.options_for(version)
     except OptionError as exc:  # overrides that only clash when combined
         raise ConvertError(f"recipe {recipe.family!r}, transform {step.name}, release {version}: {exc}") from None
+    transform = REGISTRY[step.name]
     try:
-        result = REGISTRY[step.name](context, options).transform_module(tree)
+        result = transform(context, options).transform_module(tree)
     except TransformError as exc:
-        release = f"{recipe.package} {version}" if version else recipe.package
         raise ConvertError(f"transform {step.name} does not apply to {release}: {exc}") from None
     except Exception as exc:
         exc.add_note(f"(raised by transform {step.name}: a bug in the transform, not in the recipe or source)")
         raise
     if not step.optional and result.deep_equals(tree):
+        if strict:
+            raise ConvertError(f"transform {step.name} does not apply to {release} (unverified): it found nothing "
+                               f"to rewrite ({transform.DESCRIPTION})")
         context.warnings.append(f"transform {step.name} found nothing to rewrite (mark the step "
                                 f"optional = true in the recipe if that is expected)")
     return result
@@ -126,37 +151,73 @@ def version_dir(version: str) -> str:
     return "v" + version.replace(".", "_").replace("-", "_")
 
 
-def header(conv: Conversion) -> str:
-    main = conv.sources[conv.recipe.source]
+def header(conv: Conversion, notes: list[str]) -> str:
+    """The ``@generated`` header of a release's files: its sources, transforms, specializations, command."""
+    recipe, version = conv.recipe, conv.version
+    main = conv.sources[recipe.source]
+    steps = recipe.steps_for(version)
     lines = [
         f"# @generated by convert-model {__version__}. Do not edit by hand: regenerate.",
-        f"# source: {conv.recipe.package} {conv.version}, {conv.recipe.source}",
+        f"# source: {recipe.package} {version}, {recipe.source}",
         f"# sha256: {main.sha256}",
     ]
-    for member in conv.recipe.support:
+    for member in recipe.support_for(version):
         lines.append(f"# support: {member} sha256 {conv.sources[member].sha256}")
-    lines.append("# transforms: " + (", ".join(s.name for s in conv.recipe.steps_for(conv.version)) or "none"))
+    if version not in recipe.known_versions:
+        lines.append(f"# UNVERIFIED: {recipe.package} {version} is not among the recipe's verified releases")
+    lines.append("# transforms: " + (", ".join(s.name for s in steps) or "none"))
+    lines += [f"# {line}" for line in notes]
     lines.append(f"# regenerate: {conv.command}")
     return "\n".join(lines) + "\n"
 
 
+SHARED_HEADER = (f"# @generated by convert-model {__version__}. Do not edit by hand: regenerate.\n"
+                 "# Shared by every generated package: each conversion writes the same text.\n")
+
+
 def render(conv: Conversion, display_name: str) -> dict[PurePosixPath, str]:
-    """Every file of the output layout, keyed by path relative to the output root."""
-    recipe = conv.recipe
-    tree = parse(conv.sources[recipe.source], display_name)
-    _check_classes(tree, recipe, display_name)
-    supports = {m: conv.sources[m] for m in recipe.support}
-    code = transform_module(tree, recipe, supports, conv.version).code
-    top = header(conv)
+    """Every file of the output layout, keyed by path relative to the output root.
+
+    The modeling file is checked before anything is returned (:mod:`converter.verify`): it
+    compiles and its calls of functions it defines match their signatures; a failure names
+    the transform that produced the offending line.
+    """
+    recipe, version = conv.recipe, conv.version
+    source_tree = parse(conv.sources[recipe.source], display_name)
+    _check_classes(source_tree, recipe, display_name)
+    supports = {m: conv.sources[m] for m in recipe.support_for(version)}
+    strict = version not in recipe.known_versions
+    notes: list[str] = []
+    code = transform_module(source_tree, recipe, supports, version, strict, notes).code
     module_file = PurePosixPath(recipe.source).name
-    package = PurePosixPath(recipe.family) / version_dir(conv.version)
+    problem = verify.static_problem(code, module_file)
+    if problem is not None:
+        culprit = _culprit(source_tree, recipe, supports, version, module_file, problem)
+        raise ConvertError(f"generated {module_file} for {recipe.package} {version}: {problem.message} "
+                           f"(produced by {culprit})")
+    top = header(conv, notes)
+    package = PurePosixPath(recipe.family) / version_dir(version)
     names = ", ".join(recipe.classes)
     exports = "".join(f'    "{name}",\n' for name in recipe.classes)
     return {
-        PurePosixPath("__init__.py"): top + '"""Generated model code, one package per family and release."""\n',
-        PurePosixPath(recipe.family) / "__init__.py": top + f'"""Generated {recipe.family} models."""\n',
+        PurePosixPath("__init__.py"): SHARED_HEADER + '"""Generated model code, one package per family and release."""\n',
+        PurePosixPath(recipe.family) / "__init__.py": SHARED_HEADER + f'"""Generated {recipe.family} models."""\n',
         package / "__init__.py": (
             top + f"from .{module_file.removesuffix('.py')} import {names}\n\n__all__ = [\n{exports}]\n"
         ),
         package / module_file: top + "\n" + code,
     }
+
+
+def _culprit(source_tree: cst.Module, recipe: Recipe, supports: dict[str, SourceFile], version: str,
+             module_file: str, problem: verify.Problem) -> str:
+    """The first step after which the generated code has ``problem``'s kind of fault.
+
+    Only run when a check failed: it replays the steps, checking the code after each.
+    """
+    if verify.static_problem(source_tree.code, module_file, problem.key) is not None:
+        return "the source itself"
+    for name, tree in transform_steps(source_tree, recipe, supports, version, report=False):
+        if verify.static_problem(tree.code, module_file, problem.key) is not None:
+            return f"transform {name}" if name != "imports" else "the import edits"
+    return "an unknown step"

@@ -30,7 +30,7 @@ import tomllib
 
 from converter.errors import ConvertError
 from converter.family import FamilyDefinition, parse_definition
-from converter.versions import VersionError, VersionRange
+from converter.versions import Release, VersionError, VersionRange
 from transforms import REGISTRY
 from transforms.options import OptionError, parse_options
 
@@ -38,6 +38,7 @@ from transforms.options import OptionError, parse_options
 @dataclass(frozen=True)
 class VersionPin:
     sha256: str  # of the recipe's source file in that release
+    support_sha256: dict[str, str] = field(default_factory=dict)  # of each support file that release reads
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ class RecipeFile:
     source: str
     classes: tuple[str, ...]
     support: tuple[str, ...] = ()
+    # Support files only some releases read (member -> release range); the others are read by every release.
+    support_versions: dict[str, str] = field(default_factory=dict)
     versions: dict[str, VersionPin] = field(default_factory=dict)  # releases verified to convert
     transforms: tuple[dict[str, Any], ...] = ()  # steps, checked by _step against their transform
     # The family definition's sections, checked by converter.family.parse_definition.
@@ -97,6 +100,8 @@ class Recipe:
     support: tuple[str, ...] = ()
     # The [model]/[pipeline]/[shapes] sections every later stage reads (converter/family.py); None if absent.
     definition: FamilyDefinition | None = None
+    support_versions: dict[str, VersionRange] = field(default_factory=dict)  # member -> releases reading it
+    pins: dict[str, dict[str, str]] = field(default_factory=dict)  # verified release -> member -> sha256
 
     @property
     def module_name(self) -> str:
@@ -105,7 +110,20 @@ class Recipe:
 
     @property
     def members(self) -> tuple[str, ...]:
+        """Every file some release reads."""
         return (self.source, *self.support)
+
+    def verified_versions(self) -> list[str]:
+        """The verified releases, oldest first."""
+        return sorted(self.known_versions, key=Release.parse)
+
+    def support_for(self, version: str) -> tuple[str, ...]:
+        """The support files release ``version`` reads."""
+        return tuple(member for member in self.support
+                     if member not in self.support_versions or version in self.support_versions[member])
+
+    def members_for(self, version: str) -> tuple[str, ...]:
+        return (self.source, *self.support_for(version))
 
     def steps_for(self, version: str | None) -> tuple[TransformStep, ...]:
         return tuple(step for step in self.transforms if step.applies_to(version))
@@ -148,9 +166,35 @@ def _step(raw: dict[str, Any]) -> TransformStep:
     return TransformStep(name, options, applies, optional, tuple(overrides))
 
 
+def _support_ranges(recipe: RecipeFile) -> dict[str, VersionRange]:
+    ranges = {}
+    for member, text in recipe.support_versions.items():
+        if member not in recipe.support:
+            raise OptionError(f"support_versions.{member}", "is not one of the support files")
+        try:
+            ranges[member] = VersionRange.parse(text)
+        except VersionError as error:
+            raise OptionError(f"support_versions.{member}", str(error)) from None
+    return ranges
+
+
+def _pins(recipe: RecipeFile, ranges: dict[str, VersionRange]) -> dict[str, dict[str, str]]:
+    """release -> member -> sha256; each verified release pins exactly the files it reads."""
+    pins = {}
+    for version, pin in recipe.versions.items():
+        reads = {m for m in recipe.support if m not in ranges or version in ranges[m]}
+        if set(pin.support_sha256) != reads:
+            raise OptionError(f"versions.{version}.support_sha256",
+                              f"must pin exactly the support files {version} reads: {', '.join(sorted(reads))}")
+        pins[version] = {recipe.source: pin.sha256, **pin.support_sha256}
+    return pins
+
+
 def _parse(data: dict[str, Any], origin: str) -> Recipe:
     try:
         recipe = parse_options(RecipeFile, data)
+        support_versions = _support_ranges(recipe)
+        pins = _pins(recipe, support_versions)
     except OptionError as error:
         raise ConvertError(f"recipe {origin}: {error}") from None
     steps = []
@@ -170,6 +214,8 @@ def _parse(data: dict[str, Any], origin: str) -> Recipe:
         transforms=tuple(steps),
         support=recipe.support,
         definition=parse_definition(data, origin),
+        support_versions=support_versions,
+        pins=pins,
     )
 
 

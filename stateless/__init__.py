@@ -1,7 +1,8 @@
 """Runtime layers and helpers imported by generated model code (depends on torch only)."""
 
 from stateless.checks import is_None, is_not_None
-from stateless.fp16 import cast_to_half_weight, clamp_inf_fp16
+from stateless.fp16 import clamp_inf_fp16
+from stateless.leaves import finfo, setitem
 from stateless.layers import StatelessEmbedding, StatelessLinear
 from stateless.sharing import (
     call_shared,
@@ -16,13 +17,14 @@ __all__ = [
     "StatelessEmbedding",
     "StatelessLinear",
     "call_shared",
-    "cast_to_half_weight",
     "clamp_inf_fp16",
+    "finfo",
     "is_None",
     "is_not_None",
     "is_stateless",
     "make_stateful",
     "make_stateless",
+    "setitem",
     "shared_weight",
     "stateful_state_dict",
 ]

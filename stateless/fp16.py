@@ -1,8 +1,9 @@
 """Traceable forms of HuggingFace's float16 guards.
 
-Generated code calls these instead of branching on a dtype or on tensor data;
-its module registers them with ``torch.fx.wrap`` so symbolic tracing records
-each call as one leaf node, while torch.export traces through the body.
+Generated code calls these instead of branching on tensor data; its module
+registers them with ``torch.fx.wrap`` so symbolic tracing records each call as
+one leaf node, while torch.export traces through the body.  (Branches on dtypes
+alone become leaf functions of the generated module itself: ``dtype_branch_leaf``.)
 """
 
 from __future__ import annotations
@@ -12,17 +13,6 @@ import torch
 # HF keeps this margin below the float16 maximum so that the clamped values
 # survive the residual additions that follow without overflowing again.
 _FP16_CLAMP = torch.finfo(torch.float16).max - 1000
-
-
-def cast_to_half_weight(hidden_states: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Cast ``hidden_states`` to float16 when ``weight`` is float16, as T5LayerNorm does.
-
-    Same as ``if weight.dtype == torch.float16: hidden_states = hidden_states.to(torch.float16)``;
-    any other dtype returns ``hidden_states`` itself.
-    """
-    if weight.dtype == torch.float16:
-        return hidden_states.to(torch.float16)
-    return hidden_states
 
 
 def clamp_inf_fp16(hidden_states: torch.Tensor) -> torch.Tensor:
@@ -38,3 +28,4 @@ def clamp_inf_fp16(hidden_states: torch.Tensor) -> torch.Tensor:
         return hidden_states
     clamped = torch.clamp(hidden_states, min=-_FP16_CLAMP, max=_FP16_CLAMP)
     return torch.where(torch.isinf(hidden_states).any(), clamped, hidden_states)
+

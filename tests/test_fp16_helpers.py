@@ -10,10 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stateless.fp16 import cast_to_half_weight, clamp_inf_fp16
+from stateless.fp16 import clamp_inf_fp16
 
 # What generated modules do: fx patches this module's globals while tracing.
-torch.fx.wrap("cast_to_half_weight")
 torch.fx.wrap("clamp_inf_fp16")
 
 INF = math.inf
@@ -25,13 +24,6 @@ def hf_clamp(hidden_states: Tensor) -> Tensor:
     if hidden_states.dtype == torch.float16 and torch.isinf(hidden_states).any():
         clamp_value = torch.finfo(hidden_states.dtype).max - 1000
         hidden_states = torch.clamp(hidden_states, min=-clamp_value, max=clamp_value)
-    return hidden_states
-
-
-def hf_cast(hidden_states: Tensor, weight: Tensor) -> Tensor:
-    """T5LayerNorm's cast, as transformers 4.5.1 writes it."""
-    if weight.dtype == torch.float16:
-        hidden_states = hidden_states.to(torch.float16)
     return hidden_states
 
 
@@ -82,23 +74,8 @@ def test_clamp_matches_hf_on_any_values(values: list[float], dtype: torch.dtype)
     assert_same(value_and_grad(clamp_inf_fp16, values, dtype), value_and_grad(hf_clamp, values, dtype))
 
 
-@pytest.mark.parametrize("weight_dtype", [torch.float16, torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("input_dtype", [torch.float32, torch.float16], ids=str)
-def test_cast_matches_hf(weight_dtype: torch.dtype, input_dtype: torch.dtype) -> None:
-    weight = torch.ones(3, dtype=weight_dtype)
-    values = [1.0 / 3.0, -70000.0, 2.5]  # rounds, and overflows in float16
-    assert_same(value_and_grad(lambda x: cast_to_half_weight(x, weight), values, input_dtype),
-                value_and_grad(lambda x: hf_cast(x, weight), values, input_dtype))
-
-
-def test_cast_returns_the_input_itself_unless_the_weight_is_half() -> None:
-    hidden = torch.ones(2)
-    assert cast_to_half_weight(hidden, torch.ones(2, dtype=torch.bfloat16)) is hidden
-    assert cast_to_half_weight(hidden, torch.ones(2, dtype=torch.float16)).dtype == torch.float16
-
-
 class Norm(torch.nn.Module):
-    """The shape of rewritten T5 code: both helpers called from a module's forward."""
+    """The shape of rewritten T5 code: the helper called from a module's forward."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -106,13 +83,13 @@ class Norm(torch.nn.Module):
 
     def forward(self, hidden_states: Tensor) -> Tensor:
         hidden_states = clamp_inf_fp16(hidden_states * 2)
-        return self.weight * cast_to_half_weight(hidden_states, self.weight)
+        return self.weight * hidden_states
 
 
-def test_symbolic_trace_records_each_helper_as_one_leaf() -> None:
+def test_symbolic_trace_records_the_helper_as_one_leaf() -> None:
     graph_module = torch.fx.symbolic_trace(Norm())
     calls = [node.target for node in graph_module.graph.nodes if node.op == "call_function"]
-    assert calls.count(clamp_inf_fp16) == 1 and calls.count(cast_to_half_weight) == 1
+    assert calls.count(clamp_inf_fp16) == 1
     assert torch.isinf not in calls and torch.where not in calls  # not traced into
 
 

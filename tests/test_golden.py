@@ -21,8 +21,8 @@ CASES = sorted(p.name.removesuffix(".in.py") for p in GOLDEN.glob("*.in.py"))
 
 def convert(text: str) -> str:
     recipe = get_recipe("t5")
-    supports = Fetcher(recipe.package, "4.5.1", FIXTURES / "cache", "cache").fetch(recipe.support)
-    return transform_module(cst.parse_module(text), recipe, supports).code
+    supports = Fetcher(recipe.package, "4.5.1", FIXTURES / "cache", "cache").fetch(recipe.support_for("4.5.1"))
+    return transform_module(cst.parse_module(text), recipe, supports, "4.5.1").code
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -55,10 +55,63 @@ def test_a_class_keeps_its_own_definition() -> None:
         """, **OPTIONS)
 
 
-def test_method_depending_on_a_support_module_global_is_refused() -> None:
+def test_a_support_module_global_is_imported_from_the_support_module() -> None:
     options = dict(OPTIONS, methods=["uses_module_global"])
-    with pytest.raises(ValueError, match="uses HELPER, which pkg/utils.py defines itself"):
+    assert "from pkg.utils import HELPER\n" in run(OverrideInherited, "class Model:\n    pass\n", **options)
+
+
+def test_a_support_module_global_this_module_binds_otherwise_is_refused() -> None:
+    options = dict(OPTIONS, methods=["uses_module_global"])
+    with pytest.raises(ValueError, match="uses HELPER, which pkg/utils.py defines and this module binds to"):
+        run(OverrideInherited, "HELPER = 2\n\n\nclass Model:\n    pass\n", **options)
+
+
+def test_a_name_the_support_file_neither_defines_nor_imports_is_refused() -> None:
+    support = SUPPORT + "\n\nclass Other:\n    def f(self):\n        return UNDEFINED\n"
+    options = dict(OPTIONS, from_class="Other", methods=["f"], scratch={"support_sources": {"pkg/utils.py": support}})
+    with pytest.raises(ValueError, match="uses UNDEFINED, which pkg/utils.py neither defines nor imports"):
         run(OverrideInherited, "class Model:\n    pass\n", **options)
+
+
+STATIC = '''\
+import torch
+
+
+class Mixin:
+    @property
+    def device(self):
+        return torch.device("cpu")
+
+    @staticmethod
+    def causal(shape, device: device = None):
+        return torch.ones(shape, device=device)
+
+    def extend(self, mask, shape, device: device = None) -> device:
+        return Mixin.causal(shape, device) * Mixin.helper(mask)
+'''
+
+
+def test_sibling_calls_through_the_source_class_call_the_copies_and_stray_annotations_go() -> None:
+    options = dict(OPTIONS, methods=["causal", "extend"], scratch={"support_sources": {"pkg/utils.py": STATIC}})
+    assert_rewrites(OverrideInherited, """\
+        class Model(Base):
+            x = 1
+        """, """\
+        import torch
+        from pkg.utils import Mixin
+
+        class Model(Base):
+            x = 1
+
+            # Copied from pkg/utils.py Mixin.causal
+            @staticmethod
+            def causal(shape, device = None):
+                return torch.ones(shape, device=device)
+
+            # Copied from pkg/utils.py Mixin.extend
+            def extend(self, mask, shape, device = None):
+                return Model.causal(shape, device) * Mixin.helper(mask)
+        """, **options)
 
 
 def test_missing_method_or_support_file_is_a_recipe_error() -> None:

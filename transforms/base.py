@@ -21,6 +21,10 @@ DEFER_IMPORT_EDITS = "transforms.defer_import_edits"
 """Set by a pipeline that applies every transform's scheduled import edits itself, once, after the last one."""
 SUPPORT_SOURCES = "support_sources"
 """Other files of the same release (member path -> text) that transforms may read."""
+EXPORTED_CLASSES = "transforms.exported_classes"
+"""The classes the generated module must provide (the recipe's), as a tuple of names."""
+HEADER_NOTES = "transforms.header_notes"
+"""Lines for the generated file's header, in order: what the steps specialized or assumed."""
 _INDEX = "transforms.module_index"
 
 
@@ -68,6 +72,12 @@ class Transform(VisitorBasedCodemodCommand):
         self._focus: set[int] | None = None
         self._targets: set[int] = set()
         self._inside = 0
+
+    def note(self, line: str) -> None:
+        """Say in the generated file's header what this step specialized or assumed (one line, once)."""
+        notes = self.context.scratch.setdefault(HEADER_NOTES, [])
+        if line not in notes:
+            notes.append(line)
 
     # -- names and warnings ------------------------------------------------------------------------------
     @property

@@ -87,7 +87,7 @@ class LeafHelperRewrite(Transform):
             return updated_node
         AddImportsVisitor.add_needed_import(self.context, "torch")
         AddImportsVisitor.add_needed_import(self.context, self.helper_module, self.HELPER)
-        return self._with_fx_wrap(original_node, updated_node)
+        return with_fx_wrap(self, original_node, updated_node, self.HELPER)
 
     def _rewrite_statements(self, original: Sequence[cst.BaseStatement],
                             updated: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement] | None:
@@ -107,31 +107,38 @@ class LeafHelperRewrite(Transform):
         self.rewritten |= changed
         return statements if changed else None
 
-    def _with_fx_wrap(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        """``updated_node`` with ``torch.fx.wrap("HELPER")`` after its imports, unless it has one."""
-        statements = original_node.body
-        if any(self.matches(statement, self._fx_wrap(self.HELPER)) for statement in statements):
-            return updated_node
-        imports = [index for index, statement in enumerate(statements) if is_import_line(statement)]
-        position = imports[-1] + 1 if imports else int(bool(statements) and is_docstring(statements[0]))
-        wrap = cst.parse_statement(f'torch.fx.wrap("{self.HELPER}")\n')
-        if imports:
-            wrap = wrap.with_changes(leading_lines=[cst.EmptyLine()])
-        # Join the registrations already there, so that they read as one group.
-        while position < len(statements) and self.matches(statements[position], self._fx_wrap()):
-            position += 1
-            wrap = wrap.with_changes(leading_lines=())
-        # Rewrites replace statements one for one, so original indices hold in the updated body.
-        body = list(updated_node.body)
-        body.insert(position, wrap)
-        return updated_node.with_changes(body=body)
 
-    def _fx_wrap(self, name: str | None = None) -> m.SimpleStatementLine:
-        """Matches a top-level ``torch.fx.wrap("name")`` (any name when None)."""
-        string = m.SimpleString() if name is None else m.MatchIfTrue(
-            lambda node: isinstance(node, cst.SimpleString) and node.evaluated_value == name)
-        return m.SimpleStatementLine(body=[m.Expr(m.Call(func=self.resolves_to("torch.fx.wrap"),
-                                                         args=[m.Arg(string)]))])
+
+def _fx_wrap(transform: Transform, name: str | None = None) -> m.SimpleStatementLine:
+    """Matches a top-level ``torch.fx.wrap("name")`` (any name when None)."""
+    string = m.SimpleString() if name is None else m.MatchIfTrue(
+        lambda node: isinstance(node, cst.SimpleString) and node.evaluated_value == name)
+    wrap = m.MatchIfTrue(lambda node: "torch.fx.wrap" in transform.qualified_names(node))
+    return m.SimpleStatementLine(body=[m.Expr(m.Call(func=wrap, args=[m.Arg(string)]))])
+
+
+def with_fx_wrap(transform: Transform, original_node: cst.Module, updated_node: cst.Module, name: str) -> cst.Module:
+    """``updated_node`` with ``torch.fx.wrap("name")`` after its imports, unless it has one.
+
+    fx patches the globals of the module that calls ``wrap``, so the registration
+    must live in the rewritten module itself.  Top-level statements of
+    ``updated_node`` must correspond one for one to those of ``original_node``.
+    """
+    statements = original_node.body
+    if any(transform.matches(statement, _fx_wrap(transform, name)) for statement in statements):
+        return updated_node
+    imports = [index for index, statement in enumerate(statements) if is_import_line(statement)]
+    position = imports[-1] + 1 if imports else int(bool(statements) and is_docstring(statements[0]))
+    wrap = cst.parse_statement(f'torch.fx.wrap("{name}")\n')
+    if imports:
+        wrap = wrap.with_changes(leading_lines=[cst.EmptyLine()])
+    # Join the registrations already there, so that they read as one group.
+    while position < len(statements) and transform.matches(statements[position], _fx_wrap(transform)):
+        position += 1
+        wrap = wrap.with_changes(leading_lines=())
+    body = list(updated_node.body)
+    body.insert(position, wrap)
+    return updated_node.with_changes(body=body)
 
 
 def _replacement(idiom: cst.If, assignment: cst.Assign) -> cst.SimpleStatementLine:

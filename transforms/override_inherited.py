@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 
@@ -34,7 +35,7 @@ class OverrideInherited(Transform):
     generated file, so the methods are copied verbatim from the same release's
     source (a recipe support file, never hand-written text) into the class that
     uses them, and the names they need are imported the way the support file
-    imports them::
+    imports them (names the support file defines itself are imported from it)::
 
         class T5PreTrainedModel(PreTrainedModel):            # before
             ...
@@ -44,6 +45,14 @@ class OverrideInherited(Transform):
             # Copied from transformers/modeling_utils.py ModuleUtilsMixin.get_extended_attention_mask
             def get_extended_attention_mask(self, attention_mask: Tensor, ...) -> Tensor:
                 ...
+
+    Two things only make sense inside the source class, and are adapted: a call
+    of another copied member through the source class
+    (``ModuleUtilsMixin.create_extended_attention_mask_for_decoder(...)``) calls
+    the copy (``T5PreTrainedModel.create_extended_attention_mask_for_decoder(...)``),
+    and a parameter or return annotation naming something only the source class
+    defines (``device: device``, the mixin's own ``device`` property) is dropped:
+    annotations do nothing at run time.
 
     A class that already defines a method keeps its own, so rerunning is a no-op.
     """
@@ -59,11 +68,13 @@ class OverrideInherited(Transform):
         if source not in supports:
             raise TransformError(f"support file {source} was not fetched (list it in the recipe)")
         self.source = source
+        self.source_module = source.removesuffix(".py").replace("/", ".")
         self.into = self.options.into
         self.from_class = from_class
         self.methods = list(self.options.methods)
         self.support = cst.parse_module(supports[source])
         self.support_imports = module_imports(self.support)
+        self.support_globals = _top_level_names(self.support)
         found = {}
         for statement in self.support.body:
             if isinstance(statement, cst.ClassDef) and statement.name.value == from_class:
@@ -71,10 +82,35 @@ class OverrideInherited(Transform):
         missing = [name for name in self.methods if name not in found]
         if missing:
             raise TransformError(f"{source} has no {from_class}.{', '.join(missing)}")
-        self.copies = {name: found[name] for name in self.methods}
+        self.copies = {name: self._adapted(found[name]) for name in self.methods}
+
+    def _resolves(self, name: str) -> bool:
+        return name in _BUILTINS or name in self.support_imports or name in self.support_globals
+
+    def _adapted(self, method: cst.FunctionDef) -> cst.FunctionDef:
+        """``method`` calling the copies of its siblings, without annotations that would not resolve here."""
+        redirected = method.visit(_Redirect(self.from_class, self.into, set(self.methods)))
+        assert isinstance(redirected, cst.FunctionDef)
+        method = redirected
+
+        def kept(annotation: cst.Annotation | None) -> cst.Annotation | None:
+            if annotation is None or all(self._resolves(n) for n in names_read(annotation)):
+                return annotation
+            return None
+
+        params = method.params
+        strip = {"posonly_params", "params", "kwonly_params"}
+        changes: dict[str, object] = {field: [p.with_changes(annotation=kept(p.annotation))
+                                              for p in getattr(params, field)] for field in strip}
+        for field in ("star_arg", "star_kwarg"):
+            value = getattr(params, field)
+            if isinstance(value, cst.Param):
+                changes[field] = value.with_changes(annotation=kept(value.annotation))
+        returns = kept(method.returns)
+        return method.with_changes(params=params.with_changes(**changes), returns=returns)
 
     def _schedule_imports(self, method: cst.FunctionDef) -> None:
-        params = all_params(method.params)
+        params = all_params(method.params, starred=True)
         # Annotations, defaults and decorators are evaluated in the module's scope,
         # even where a parameter has the same name (`device: device`).
         header: set[str] = set()
@@ -83,12 +119,20 @@ class OverrideInherited(Transform):
             if node is not None:
                 header |= names_read(node)
         body = names_read(method.body) - bound_names(method.body) - {p.name.value for p in params}
-        for name in sorted((header | body) - _BUILTINS):
-            if name not in self.support_imports:
-                raise TransformError(f"{self.from_class}.{method.name.value} uses {name}, "
-                                 f"which {self.source} defines itself; cannot copy it")
-            module, obj = self.support_imports[name]
-            AddImportsVisitor.add_needed_import(self.context, module, obj)
+        taken = set(self.index.root.bindings)
+        for name in sorted((header | body) - _BUILTINS - {self.into}):
+            if name in self.support_imports:
+                module, obj = self.support_imports[name]
+                AddImportsVisitor.add_needed_import(self.context, module, obj)
+            elif name in self.support_globals:
+                if name in taken and self.index.qualified_names_in(self.index.root, name) != {
+                        f"{self.source_module}.{name}"}:
+                    raise TransformError(f"{self.from_class}.{method.name.value} uses {name}, which {self.source} "
+                                         f"defines and this module binds to something else")
+                AddImportsVisitor.add_needed_import(self.context, self.source_module, name)
+            else:
+                raise TransformError(f"{self.from_class}.{method.name.value} uses {name}, which {self.source} "
+                                     f"neither defines nor imports; cannot copy it")
 
     def focus(self) -> Iterable[cst.CSTNode]:
         return [s for s in self.module.body if isinstance(s, cst.ClassDef) and s.name.value == self.into]
@@ -114,3 +158,28 @@ class OverrideInherited(Transform):
             return updated_node
         return updated_node.with_changes(body=updated_node.body.with_changes(
             body=[*updated_node.body.body, *added]))
+
+
+class _Redirect(cst.CSTTransformer):
+    """``From.member(...)`` -> ``Into.member(...)`` for the members copied into ``Into``."""
+
+    def __init__(self, source: str, target: str, members: set[str]) -> None:
+        self.source, self.target, self.members = source, target, members
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
+        if m.matches(updated_node, m.Attribute(value=m.Name(self.source))) and updated_node.attr.value in self.members:
+            return updated_node.with_changes(value=cst.Name(self.target))
+        return updated_node
+
+
+def _top_level_names(module: cst.Module) -> set[str]:
+    """Names a module binds at its top level by a def, a class or an assignment (not by an import)."""
+    names: set[str] = set()
+    for statement in module.body:
+        if isinstance(statement, (cst.ClassDef, cst.FunctionDef)):
+            names.add(statement.name.value)
+        elif isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if isinstance(small, (cst.Assign, cst.AnnAssign)):
+                    names |= bound_names(small)
+    return names

@@ -9,13 +9,14 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.codemod import CodemodContext
 
+from transforms.analysis.callees import Callees
 from transforms.analysis.facts import Fact, rewrite_facts
 from transforms.analysis.folding import Known
-from transforms.analysis.literals import is_constant
+from transforms.analysis.literals import is_constant, literal_value
 from transforms.analysis.liveness import Liveness
-from transforms.analysis.names import module_imports
+from transforms.analysis.names import bound_names, module_imports
 from transforms.analysis.propagation import FunctionFolder, Unsupported
-from transforms.analysis.syntax import all_params, drop_items, indented, is_docstring, root_name
+from transforms.analysis.syntax import all_params, children, drop_items, indented, is_docstring, root_name
 from transforms.base import Transform
 from transforms.options import OptionError
 
@@ -42,14 +43,17 @@ class FactOptions:
     expression: str
     value: str
     reason: str | None = None  # the guard's message; default: "assumed <expression> == <value>"
+    guard: bool = True  # false: no runtime check (the reason must then say why the fact holds)
 
     def __post_init__(self) -> None:
         _expression("expression", self.expression)
         _constant("value", self.value)
+        if not self.guard and not self.reason:
+            raise OptionError("reason", f"an unguarded fact ({self.expression}) needs the reason it holds")
 
     def fact(self) -> Fact:
         reason = self.reason if self.reason is not None else f"assumed {self.expression} == {self.value}"
-        return Fact(cst.parse_expression(self.expression), cst.parse_expression(self.value), reason)
+        return Fact(cst.parse_expression(self.expression), cst.parse_expression(self.value), reason, self.guard)
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,74 @@ class SpecializeOptions:
     def __post_init__(self) -> None:
         for name, text in self.constants.items():
             _constant(f"constants.{name}", text)
+
+
+def _opaque_classes(module: cst.Module, imports: dict[str, tuple[str, str | None]]) -> frozenset[str]:
+    """Dotted names of classes no literal constant is an instance of: the module's own classes and
+    capitalized names imported from third-party modules (``torch.Tensor``, ``transformers.cache_utils.Cache``).
+
+    Builtins and the modules defining abstract base classes a constant may belong to are left out.
+    """
+    classes = {s.name.value for s in module.body if isinstance(s, cst.ClassDef)}
+    for name, (source, imported) in imports.items():
+        if source.split(".")[0] in _ABC_MODULES:
+            continue
+        if imported is not None and imported[:1].isupper():
+            classes.add(name)
+        elif imported is None:  # import torch: torch.Tensor, ...
+            classes.add(f"{name}.Tensor")
+    return frozenset(classes)
+
+
+_ABC_MODULES = frozenset({"builtins", "typing", "typing_extensions", "numbers", "collections", "abc", "types"})
+
+
+def _settled_flags(statements: Sequence[cst.BaseStatement], original: Sequence[cst.BaseStatement],
+                   parameters: set[str]) -> set[str]:
+    """Flags folding left with one binding, a top-level ``name = True/False/None``, that had more before.
+
+    Such a flag (``return_legacy_cache = False`` whose ``= True`` branch folded away) holds that
+    constant wherever it is read after its assignment.  Numbers and strings stay: they are data.
+    """
+    before = _binding_counts(original)
+    after = _binding_counts(statements)
+    settled = set()
+    for statement in statements:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if isinstance(small, cst.Assign) and len(small.targets) == 1 \
+                    and isinstance(small.targets[0].target, cst.Name) and _is_flag(small.value):
+                name = small.targets[0].target.value
+                if name not in parameters and after.get(name) == 1 and before.get(name, 0) > 1:
+                    settled.add(name)
+    return settled
+
+
+def _is_flag(node: cst.BaseExpression) -> bool:
+    value = literal_value(node)
+    return value is None or value is True or value is False
+
+
+def _binding_counts(statements: Sequence[cst.BaseStatement]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in _walk(statements):
+        if isinstance(node, (cst.AssignTarget, cst.AnnAssign, cst.AugAssign, cst.For)):
+            for name in bound_names(node):
+                counts[name] = counts.get(name, 0) + 1
+        elif isinstance(node, (cst.NamedExpr, cst.AsName, cst.FunctionDef, cst.ClassDef)):
+            for name in bound_names(node):
+                counts[name] = counts.get(name, 0) + 2  # never a plain flag
+    return counts
+
+
+def _walk(statements: Sequence[cst.CSTNode]) -> Iterable[cst.CSTNode]:
+    pending = list(statements)
+    while pending:
+        node = pending.pop()
+        yield node
+        if not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            pending.extend(children(node))
 
 
 class SpecializeArguments(Transform):
@@ -104,13 +176,15 @@ class SpecializeArguments(Transform):
         self._dropped_keywords: list[int] = []
         self._imported: set[str] = set()
         self._fact_readers: set[int] = set()
+        self._resolved: dict[int, set[int]] = {}  # id of a call of a function defined here -> arguments to drop
+        self._classes: frozenset[str] = frozenset()
+        self._used_constants: set[str] = set()  # for the header: what this step specialized
+        self._used_facts: set[int] = set()
 
     def focus(self) -> Iterable[cst.CSTNode]:
-        """Functions with a parameter to fix or a name a fact reads, and calls passing a fixed keyword."""
+        """Functions with a parameter to fix or a name a fact reads, and calls passing a fixed argument."""
         index = self.index
-        found: list[cst.CSTNode] = [
-            call for call in index.nodes(cst.Call)
-            if any(arg.keyword is not None and arg.keyword.value in self.constants for arg in call.args)]
+        found: list[cst.CSTNode] = list(self._plan_calls())
         for function in index.nodes(cst.FunctionDef):
             params = function.params
             if any(p.name.value in self.constants and p.default is not None
@@ -127,15 +201,69 @@ class SpecializeArguments(Transform):
         found.extend(f for f in index.nodes(cst.FunctionDef) if id(f) in self._fact_readers)
         return found
 
+    def _plan_calls(self) -> list[cst.Call]:
+        """The arguments to drop from calls of functions the module defines, by position and keyword.
+
+        A call of such a function loses exactly the arguments that fill a parameter this step
+        removes, positional ones included; other calls lose the keywords named like a constant.
+        """
+        callees = Callees(self.index)
+        planned = []
+        for call in self.index.nodes(cst.Call):
+            callee = callees.resolve(call)
+            if callee is None:
+                if any(arg.keyword is not None and arg.keyword.value in self.constants for arg in call.args):
+                    planned.append(call)
+                continue
+            parameters = callee.parameters()
+            removed = {p.name.value for p in all_params(callee.function.params)
+                       if p.name.value in self.constants and p.default is not None}
+            drops = set()
+            positional = True
+            for position, arg in enumerate(call.args):
+                if arg.star:
+                    positional = False  # after a * the positions are unknown
+                elif arg.keyword is not None:
+                    if arg.keyword.value in removed:
+                        drops.add(position)
+                elif positional and position < len(parameters) and parameters[position].name.value in removed:
+                    drops.add(position)
+            self._resolved[id(call)] = drops
+            if drops:
+                planned.append(call)
+        return planned
+
     def visit_Module(self, node: cst.Module) -> None:
         # Only "is the callee an imported name?" matters here, and the module's
         # top-level import bindings answer it; full scope analysis would cost
         # more than the rest of this transform.
-        self._imported = set(module_imports(node)) | set(dir(builtins))
+        imports = module_imports(node)
+        self._imported = set(imports) | set(dir(builtins))
+        self._classes = _opaque_classes(node, imports)
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        """The header says which arguments were fixed and which facts were assumed, checked or not."""
+        constants = [f"{name}={text}" for name, text in self.options.constants.items() if name in self._used_constants]
+        if constants:
+            self.note("specialized arguments: " + ", ".join(constants))
+        used = [(options, fact) for options, fact in zip(self.options.facts, self.facts) if id(fact) in self._used_facts]
+        checked = [f"{options.expression} -> {options.value}" for options, fact in used if fact.guarded]
+        if checked:
+            self.note("assumed, checked by torch._assert: " + "; ".join(checked))
+        for options, fact in used:
+            if not fact.guarded:
+                self.note(f"specialized: {options.expression} -> {options.value} ({fact.reason})")
+        return updated_node
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
-        keep = [not (arg.keyword is not None and arg.keyword.value in self.constants) for arg in updated_node.args]
-        if all(keep) or root_name(original_node.func, through_calls=True) in self._imported:
+        drops = self._resolved.get(id(original_node))
+        if drops is not None:
+            keep = [position not in drops for position in range(len(updated_node.args))]
+        else:
+            keep = [not (arg.keyword is not None and arg.keyword.value in self.constants) for arg in updated_node.args]
+            if root_name(original_node.func, through_calls=True) in self._imported:
+                return updated_node
+        if all(keep):
             return updated_node
         if self._dropped_keywords:
             self._dropped_keywords[-1] += 1
@@ -156,22 +284,33 @@ class SpecializeArguments(Transform):
                        if p.name.value in self.constants and p.default is not None]
         if not isinstance(updated_node.body, cst.IndentedBlock):
             return updated_node
-        body, used_facts = updated_node.body, False
+        body, used_facts = updated_node.body, list[Fact]()
         if id(original_node) in self._fact_readers:
             body, used_facts = rewrite_facts(self.facts, updated_node.body)
+            self._used_facts.update(id(fact) for fact in used_facts)
+        self._used_constants.update(specialized)
         if not specialized and not dropped and not used_facts:
             return updated_node
-        folder = FunctionFolder(self.pure_methods)
+        entry = {name: Known(self.constants[name], True) for name in specialized}
+        folder = FunctionFolder(self.pure_methods, self._classes)
         try:
-            statements, _, _ = folder.block(body.body, {name: Known(self.constants[name], True)
-                                                        for name in specialized})
+            statements, _, _ = folder.block(body.body, entry)
         except Unsupported:
             self.warn(f"{updated_node.name.value}: global/nonlocal declarations, left unspecialized")
             return updated_node
         liveness = Liveness(self.pure_methods)
         # Only what folding made dead goes: code the recipe does not touch stays as written.
         assert isinstance(original_node.body, cst.IndentedBlock)
-        statements = liveness.remove_dead(statements, liveness.live(original_node.body.body))
+        live_before = liveness.live(original_node.body.body)
+        statements = liveness.remove_dead(statements, live_before)
+        # Flags whose other assignments folding removed now hold one constant: fold them in turn.
+        settled = _settled_flags(statements, original_node.body.body, {p.name.value for p in all_params(params)})
+        if settled:
+            observed = folder.observed
+            folder = FunctionFolder(self.pure_methods, self._classes, frozenset(settled))
+            statements, _, _ = folder.block(statements, {})
+            folder.observed |= observed
+            statements = liveness.remove_dead(statements, live_before)
         statements = self._bind_at_entry(statements, [name for name in specialized if name in folder.observed])
         return updated_node.with_changes(params=params.with_changes(
             posonly_params=self._without(params.posonly_params),

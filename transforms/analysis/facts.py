@@ -23,26 +23,34 @@ def _occurs(expression: cst.BaseExpression, node: cst.CSTNode) -> bool:
     return False
 
 
-def rewrite_facts(facts: Sequence[Fact], body: cst.IndentedBlock) -> tuple[cst.IndentedBlock, bool]:
-    """``body`` with the facts it uses replaced by their values and guarded; whether there were any."""
+def rewrite_facts(facts: Sequence[Fact], body: cst.IndentedBlock) -> tuple[cst.IndentedBlock, list[Fact]]:
+    """``body`` with the facts it uses replaced by their values (guarded where they are); the facts used."""
     reads = names_read(body)
     relevant = [fact for fact in facts if fact.names <= reads and _occurs(fact.expression, body)]
     if not relevant:
-        return body, False
-    rewritten = body.visit(FactRewriter(relevant, bound_names(body)))
+        return body, []
+    rewriter = FactRewriter(relevant, bound_names(body))
+    rewritten = body.visit(rewriter)
     assert isinstance(rewritten, cst.IndentedBlock)
-    return rewritten, not rewritten.deep_equals(body)
+    return rewritten, [fact for fact in relevant if fact in rewriter.used]
 
 
 class Fact:
-    """``expression`` always evaluates to the constant ``value``, because ``reason``."""
+    """``expression`` always evaluates to the constant ``value``, because ``reason``.
 
-    def __init__(self, expression: cst.BaseExpression, value: cst.BaseExpression, reason: str) -> None:
+    A guarded fact is checked where it is used (:meth:`guard`); an unguarded one
+    is taken on the recipe's word, for values no tracer could check or where a
+    check would reject inputs on which both branches agree.
+    """
+
+    def __init__(self, expression: cst.BaseExpression, value: cst.BaseExpression, reason: str,
+                 guarded: bool = True) -> None:
         if not is_constant(value):
             raise ValueError(f"fact {code_of(expression)} = {code_of(value)}: the value is not a literal constant")
         self.expression = expression
         self.value = value
         self.reason = reason
+        self.guarded = guarded
         self.names = names_read(expression)
 
     def guard(self) -> cst.SimpleStatementLine:
@@ -101,6 +109,8 @@ class FactRewriter(cst.CSTTransformer):
         self.pending: list[list[Fact]] = []
         self.elifs: set[int] = set()
         self.dominating: set[int] = set()
+        self.written: set[int] = set()  # targets of assignments: a fact is about the value read
+        self.used: list[Fact] = []
 
     def _opens_statement(self, node: cst.CSTNode) -> bool:
         return isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) and id(node) not in self.elifs
@@ -108,6 +118,8 @@ class FactRewriter(cst.CSTTransformer):
     def on_visit(self, node: cst.CSTNode) -> bool:
         if isinstance(node, cst.Call) and node.func.deep_equals(_ASSERT_CALL):
             return False
+        if isinstance(node, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.Del)):
+            self.written.add(id(node.target))
         if isinstance(node, cst.If) and isinstance(node.orelse, cst.If):
             self.elifs.add(id(node.orelse))
         if self._opens_statement(node):
@@ -115,10 +127,11 @@ class FactRewriter(cst.CSTTransformer):
         return super().on_visit(node)
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # noqa: ANN201  # any node back
-        if isinstance(original_node, cst.BaseExpression):
+        if isinstance(original_node, cst.BaseExpression) and id(original_node) not in self.written:
             for fact in self.facts:
                 if original_node.deep_equals(fact.expression):
                     self.pending[-1].append(fact)
+                    self.used.append(fact)
                     return fact.value.deep_clone()
         result = super().on_leave(original_node, updated_node)
         if not self._opens_statement(original_node):
@@ -126,6 +139,8 @@ class FactRewriter(cst.CSTTransformer):
         depth = len(self.pending)
         guards = []
         for fact in dict.fromkeys(self.pending.pop()):
+            if not fact.guarded:
+                continue
             key = self.facts.index(fact)
             if key in self.dominating:
                 continue

@@ -16,6 +16,7 @@ from libcst import CSTNodeT
 from transforms.analysis.literals import NO_VALUE, constant, literal_value
 from transforms.analysis.names import names_read
 from transforms.analysis.purity import is_pure
+from transforms.analysis.syntax import dotted_name
 
 _SCOPES = (cst.Lambda, cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
 
@@ -51,17 +52,25 @@ class ExpressionFolder(cst.CSTTransformer):
 
     ``observed`` collects names whose entry value is read without being
     substituted, i.e. names that still need a binding at function entry.
+    ``classes`` are the dotted names known to be classes no constant is an
+    instance of (classes of third-party modules): ``isinstance(None, C)`` folds
+    to ``False`` for them.
     """
 
-    def __init__(self, env: Mapping[str, Known]) -> None:
+    def __init__(self, env: Mapping[str, Known], classes: frozenset[str] = frozenset()) -> None:
         super().__init__()
         self.env = env
+        self.classes = classes
         self.shadowed: list[set[str]] = []
         self.observed: set[str] = set()
 
     # -- names that are not reads of a variable ----------------------------
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
-        return updated_node.with_changes(attr=original_node.attr)
+        value = updated_node.value
+        if isinstance(value, (cst.Integer, cst.Float, cst.Imaginary)) and not value.lpar:
+            # A number substituted as a receiver: `0.real` would not parse.
+            value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        return updated_node.with_changes(value=value, attr=original_node.attr)
 
     def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
         return updated_node.with_changes(keyword=original_node.keyword)
@@ -93,6 +102,20 @@ class ExpressionFolder(cst.CSTTransformer):
         return updated_node
 
     # -- folding -----------------------------------------------------------
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        """``isinstance(<constant>, C)`` is False when every class C names is one of ``classes``."""
+        args = updated_node.args
+        if not (isinstance(updated_node.func, cst.Name) and updated_node.func.value == "isinstance"
+                and len(args) == 2 and not any(a.star or a.keyword for a in args)):
+            return updated_node
+        if literal_value(args[0].value) is NO_VALUE:
+            return updated_node
+        kinds = args[1].value
+        names = [e.value for e in kinds.elements] if isinstance(kinds, cst.Tuple) else [kinds]
+        if names and all(dotted_name(name) in self.classes for name in names):
+            return _with_parens_of(constant(False), updated_node)
+        return updated_node
+
     def leave_Comparison(self, original_node: cst.Comparison,
                          updated_node: cst.Comparison) -> cst.BaseExpression:
         if len(updated_node.comparisons) != 1:

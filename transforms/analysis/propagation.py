@@ -30,12 +30,15 @@ class FunctionFolder:
     bind it at entry: reassignment never makes folding unsound.
     """
 
-    def __init__(self, pure_methods: frozenset[str]) -> None:
+    def __init__(self, pure_methods: frozenset[str], classes: frozenset[str] = frozenset(),
+                 propagate: frozenset[str] = frozenset()) -> None:
         self.pure_methods = pure_methods
+        self.classes = classes  # see ExpressionFolder
+        self.propagate = propagate  # names whose literal assignments are propagated too
         self.observed: set[str] = set()
 
     def fold(self, expr: cst.BaseExpression, env: Env, condition: bool = False) -> cst.BaseExpression:
-        folder = ExpressionFolder(env)
+        folder = ExpressionFolder(env, self.classes)
         result = expr.visit(folder)
         self.observed |= folder.observed
         return simplify_condition(result, self.pure_methods) if condition else result
@@ -176,12 +179,15 @@ class FunctionFolder:
             for target in small.targets:
                 if not isinstance(target.target, cst.Name):
                     self._observe(target.target, env)
+            single = small.targets[0].target if len(small.targets) == 1 else None
+            before = env.get(single.value) if isinstance(single, cst.Name) else None
             env = self._rebind(env, set().union(*(bound_names(t) for t in small.targets)))
-            # Propagate only constants that folding produced: code the recipe
-            # does not touch stays as it was written.
-            derived = is_constant(value) and not is_constant(small.value)
-            if len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name) and derived:
-                env[small.targets[0].target.value] = Known(value, False)
+            # Propagate only constants that folding produced, or that rebind a name to the
+            # constant it already holds: code the recipe does not touch stays as it was written.
+            derived = is_constant(value) and (not is_constant(small.value) or (
+                before is not None and before.value is not None and before.value.deep_equals(value)))
+            if isinstance(single, cst.Name) and (derived or (is_constant(value) and single.value in self.propagate)):
+                env[single.value] = Known(value, False)
             return small.with_changes(value=value), env, False
         if isinstance(small, (cst.AnnAssign, cst.AugAssign)):
             value = self.fold(small.value, env) if small.value is not None else None

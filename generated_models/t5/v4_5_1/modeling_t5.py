@@ -2,7 +2,10 @@
 # source: transformers 4.5.1, transformers/models/t5/modeling_t5.py
 # sha256: ea7cf4935101e821786a3de75072a9c87b9d3ad864596214a0f8d5ff89940200
 # support: transformers/modeling_utils.py sha256 657c24023a1f869c7b76d1d805577ac9d531eb05baa6ab15f8f446a786434348
-# transforms: absolute_imports, override_inherited, single_output, specialize_arguments, shared_weight, dropout_module, hoist_modules, size_varargs, shift_right, half_weight_cast, fp16_clamp, none_checks
+# transforms: absolute_imports, override_inherited, single_output, specialize_arguments, shared_weight, dropout_module, hoist_modules, size_varargs, shift_right, dtype_branch_leaf, fp16_clamp, none_checks
+# specialized arguments: head_mask=None, decoder_head_mask=None, encoder_head_mask=None, encoder_layer_head_mask=None, layer_head_mask=None, past_key_value=None, past_key_values=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
+# assumed, checked by torch._assert: attention_mask.dim() -> 2; encoder_attention_mask.dim() -> 2; causal_mask.shape[1] < attention_mask.shape[1] -> False
+# specialized: self.model_parallel -> False (HF's parallelize() specialized off: pipelines place the stages)
 # regenerate: convert-model t5 --version 4.5.1
 
 # coding=utf-8
@@ -51,10 +54,9 @@ from transformers.utils import logging
 from transformers.utils.model_parallel_utils import assert_device_map, get_device_map
 from transformers.models.t5.configuration_t5 import T5Config
 import stateless
-from stateless import cast_to_half_weight, clamp_inf_fp16, is_None, is_not_None
+from stateless import clamp_inf_fp16, is_None, is_not_None
 from typing import Tuple
 
-torch.fx.wrap("cast_to_half_weight")
 torch.fx.wrap("clamp_inf_fp16")
 
 
@@ -239,6 +241,15 @@ DEPARALLELIZE_DOCSTRING = r"""
 """
 
 
+def T5LayerNorm_forward_dtype_branch(hidden_states, weight):
+    if weight.dtype == torch.float16:
+        hidden_states = hidden_states.to(torch.float16)
+    return hidden_states
+
+
+torch.fx.wrap("T5LayerNorm_forward_dtype_branch")
+
+
 class T5LayerNorm(nn.Module):
     def __init__(self, hidden_size, eps=1e-6):
         """
@@ -254,7 +265,7 @@ class T5LayerNorm(nn.Module):
         hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
 
         # convert into float16 if necessary
-        hidden_states = cast_to_half_weight(hidden_states, self.weight)
+        hidden_states = T5LayerNorm_forward_dtype_branch(hidden_states, self.weight)
         return self.weight * hidden_states
 
 
@@ -857,10 +868,6 @@ class T5Stack(T5PreTrainedModel):
         encoder_attention_mask=None,
         inputs_embeds=None,
     ):
-        # Model parallel
-        if self.model_parallel:
-            torch.cuda.set_device(self.first_device)
-            self.embed_tokens = self.embed_tokens.to(self.first_device)
 
         if is_not_None(input_ids) and is_not_None(inputs_embeds):
             err_msg_prefix = "decoder_" if self.is_decoder else ""
@@ -910,20 +917,6 @@ class T5Stack(T5PreTrainedModel):
         hidden_states = self.dropout(inputs_embeds)
 
         for i, (layer_module, past_key_value) in enumerate(zip(self.block, past_key_values)):
-            # Model parallel
-            if self.model_parallel:
-                torch.cuda.set_device(hidden_states.device)
-                # Ensure that attention_mask is always on the same device as hidden_states
-                if is_not_None(attention_mask):
-                    attention_mask = attention_mask.to(hidden_states.device)
-                if is_not_None(position_bias):
-                    position_bias = position_bias.to(hidden_states.device)
-                if is_not_None(encoder_hidden_states):
-                    encoder_hidden_states = encoder_hidden_states.to(hidden_states.device)
-                if is_not_None(encoder_extended_attention_mask):
-                    encoder_extended_attention_mask = encoder_extended_attention_mask.to(hidden_states.device)
-                if is_not_None(encoder_decoder_position_bias):
-                    encoder_decoder_position_bias = encoder_decoder_position_bias.to(hidden_states.device)
 
             layer_outputs = layer_module(
                 hidden_states,
@@ -943,12 +936,6 @@ class T5Stack(T5PreTrainedModel):
             position_bias = layer_outputs[2]
             if self.is_decoder and is_not_None(encoder_hidden_states):
                 encoder_decoder_position_bias = layer_outputs[3]
-
-            # Model Parallel: If it's the last layer for that device, put things on the next device
-            if self.model_parallel:
-                for k, v in self.device_map.items():
-                    if i == v[-1] and "cuda:" + str(k) != self.last_device:
-                        hidden_states = hidden_states.to("cuda:" + str(k + 1))
 
         hidden_states = self.final_layer_norm(hidden_states)
         hidden_states = self.dropout(hidden_states)
@@ -1245,18 +1232,6 @@ class T5Model(T5PreTrainedModel):
             )
 
         hidden_states = encoder_outputs[0]
-        if self.model_parallel:
-            torch.cuda.set_device(self.decoder.first_device)
-        # Set device for model parallelism
-        if self.model_parallel:
-            torch.cuda.set_device(self.decoder.first_device)
-            hidden_states = hidden_states.to(self.decoder.first_device)
-            if is_not_None(decoder_input_ids):
-                decoder_input_ids = decoder_input_ids.to(self.decoder.first_device)
-            if is_not_None(attention_mask):
-                attention_mask = attention_mask.to(self.decoder.first_device)
-            if is_not_None(decoder_attention_mask):
-                decoder_attention_mask = decoder_attention_mask.to(self.decoder.first_device)
 
         # Decode
         decoder_outputs = self.decoder(
@@ -1423,23 +1398,9 @@ class T5ForConditionalGeneration(T5PreTrainedModel):
 
         hidden_states = encoder_outputs[0]
 
-        if self.model_parallel:
-            torch.cuda.set_device(self.decoder.first_device)
-
         if is_not_None(labels) and is_None(decoder_input_ids) and is_None(decoder_inputs_embeds):
             # get decoder inputs from shifting lm labels to the right
             decoder_input_ids = self._shift_right(labels)
-
-        # Set device for model parallelism
-        if self.model_parallel:
-            torch.cuda.set_device(self.decoder.first_device)
-            hidden_states = hidden_states.to(self.decoder.first_device)
-            if is_not_None(decoder_input_ids):
-                decoder_input_ids = decoder_input_ids.to(self.decoder.first_device)
-            if is_not_None(attention_mask):
-                attention_mask = attention_mask.to(self.decoder.first_device)
-            if is_not_None(decoder_attention_mask):
-                decoder_attention_mask = decoder_attention_mask.to(self.decoder.first_device)
 
         # Decode
         decoder_outputs = self.decoder(
@@ -1451,12 +1412,6 @@ class T5ForConditionalGeneration(T5PreTrainedModel):
         )
 
         sequence_output = decoder_outputs[0]
-
-        # Set device for model parallelism
-        if self.model_parallel:
-            torch.cuda.set_device(self.encoder.first_device)
-            self.lm_head = self.lm_head.to(self.encoder.first_device)
-            sequence_output = sequence_output.to(self.lm_head.weight.device)
 
         if self.config.tie_word_embeddings:
             # Rescale output before projecting on vocab

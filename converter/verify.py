@@ -1,0 +1,340 @@
+"""Checks of generated code: it compiles, its calls fit the functions it defines, its classes trace.
+
+A transform that rewrites a definition and misses a call site (a parameter dropped
+from a method while a caller still passes it positionally) produces code that
+compiles and fails only when that call runs.  :func:`static_problem` finds both
+kinds of fault cheaply, with :mod:`ast` (stdlib only, like the rest of the converter):
+
+- the module compiles;
+- every call whose callee the module itself defines binds to the callee's
+  parameters the way Python would: ``f(...)`` of a module-level function,
+  ``C(...)`` of a class (its ``__init__``), ``self.m(...)`` inside a class
+  (looked up along the class's bases in this file) and ``C.m(...)``.
+
+Callees whose signature the module cannot know are skipped: methods reached
+through a base defined elsewhere, decorated functions (a decorator may change
+the signature), names rebound locally, instance attributes.
+
+:func:`trace_check` then builds the classes and traces them with torch.fx, in a
+process of its own (:mod:`converter.trace_check`): the converter never imports torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import logging
+import subprocess
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path, PurePosixPath
+
+from converter.errors import ConvertError
+
+log = logging.getLogger("converter")
+
+_SIGNATURE_KEEPING = frozenset({"staticmethod", "classmethod"})
+_UNKNOWN = object()
+
+
+@dataclass(frozen=True)
+class Problem:
+    key: str  # the kind of fault and its callee: the same fault in another version of the file has the same key
+    message: str  # one line naming the file, the line, the fault and the code
+
+
+def static_problem(code: str, filename: str, key: str | None = None) -> Problem | None:
+    """The first fault of ``code`` (only faults with ``key``, when given), or None.
+
+    Besides errors, the compiler's warnings about an operation that always fails
+    (``None[0]``, ``None(x)``: a constant substituted where a value was expected)
+    are faults.
+    """
+    lines = code.splitlines()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SyntaxWarning)
+        try:
+            compile(code, filename, "exec", dont_inherit=True)
+        except (SyntaxError, ValueError) as error:
+            line = getattr(error, "lineno", None) or 0
+            text = (getattr(error, "text", None) or "").strip()
+            message = getattr(error, "msg", None) or str(error)
+            return Problem("compile", f"{filename}:{line} does not compile ({type(error).__name__}: {message}): "
+                                      f"`{text}`")
+    for warning in caught:
+        message = str(warning.message)
+        if issubclass(warning.category, SyntaxWarning) and ("is not subscriptable" in message
+                                                            or "is not callable" in message):
+            line = warning.lineno or 0
+            text = lines[line - 1].strip() if 0 < line <= len(lines) else ""
+            return Problem("compile", f"{filename}:{line} always fails ({message}): `{text}`")
+    if key == "compile":
+        return None
+    for problem in _CallChecker(ast.parse(code), filename, lines).problems():
+        if key is None or problem.key == key:
+            return problem
+    return None
+
+
+def _decorator_name(node: ast.expr) -> str:
+    while isinstance(node, ast.Call):
+        node = node.func
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _module_rebinds(module: ast.Module) -> set[str]:
+    """Names module-level code assigns (outside defs and classes): such a name may not be its def."""
+    names: set[str] = set()
+    pending: list[ast.AST] = [s for s in module.body if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                            ast.ClassDef))]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            pending.extend(ast.iter_child_nodes(node))
+    return names
+
+
+def _kind(function: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+    """"static", "class" or "plain"; None when a decorator may change the signature."""
+    names = [_decorator_name(d) for d in function.decorator_list]
+    if any(name not in _SIGNATURE_KEEPING for name in names):
+        return None
+    if "staticmethod" in names:
+        return "static"
+    return "class" if "classmethod" in names else "plain"
+
+
+def _bound_names(function: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> set[str]:
+    """Names a function binds locally (parameters, assignments, nested defs, imports)."""
+    arguments = function.args
+    names = {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}
+    names |= {a.arg for a in (arguments.vararg, arguments.kwarg) if a is not None}
+    body = function.body if isinstance(function.body, list) else [function.body]
+    for statement in body:
+        for node in ast.walk(statement):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+                names.add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    return names
+
+
+def _binding_problem(call: ast.Call, function: ast.FunctionDef | ast.AsyncFunctionDef, drop_first: bool) -> str | None:
+    """Why ``call`` cannot bind to ``function``'s parameters (the first dropped for a bound method), or None."""
+    arguments = function.args
+    positional = [a.arg for a in [*arguments.posonlyargs, *arguments.args]]
+    defaults = len(arguments.defaults)
+    required = positional[:len(positional) - defaults]
+    posonly = {a.arg for a in arguments.posonlyargs}
+    if drop_first:
+        if not positional:
+            return "it takes no positional argument to bind the instance to"
+        positional, required = positional[1:], required[1:]
+    kwonly = [a.arg for a in arguments.kwonlyargs]
+    kwonly_required = [a.arg for a, default in zip(arguments.kwonlyargs, arguments.kw_defaults) if default is None]
+    starred = any(isinstance(arg, ast.Starred) for arg in call.args)
+    splatted = any(keyword.arg is None for keyword in call.keywords)
+    given = sum(not isinstance(arg, ast.Starred) for arg in call.args)
+    if given > len(positional) and arguments.vararg is None:
+        return f"it takes {len(positional)} positional arguments but {given} were given"
+    filled = set(positional[:given])
+    for keyword in call.keywords:
+        name = keyword.arg
+        if name is None:
+            continue
+        if name in posonly:
+            return f"{name!r} is positional-only"
+        if name in positional or name in kwonly:
+            if name in filled:
+                return f"it got multiple values for argument {name!r}"
+            filled.add(name)
+        elif arguments.kwarg is None:
+            return f"it got an unexpected keyword argument {name!r}"
+    if not splatted:
+        missing = [name for name in ([] if starred else required) + kwonly_required if name not in filled]
+        if missing:
+            return f"it is missing the required argument {missing[0]!r}"
+    return None
+
+
+class _CallChecker:
+    def __init__(self, module: ast.Module, filename: str, lines: list[str]) -> None:
+        self.filename = filename
+        self.lines = lines
+        rebound = _module_rebinds(module)
+        self.functions = {s.name: s for s in module.body
+                          if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name not in rebound}
+        self.classes = {s.name: s for s in module.body if isinstance(s, ast.ClassDef) and s.name not in rebound}
+        self.module = module
+        self.found: list[Problem] = []
+
+    def problems(self) -> list[Problem]:
+        self._scan(self.module.body, None, None, set())
+        return self.found
+
+    def _scan(self, statements: list[ast.stmt], owner: ast.ClassDef | None, receiver: str | None,
+              local: set[str]) -> None:
+        """Check the calls in ``statements``; ``owner``/``receiver``: the class and instance name of a method."""
+        pending: list[ast.AST] = list(statements)
+        while pending:
+            node = pending.pop()
+            if isinstance(node, ast.ClassDef):
+                pending.extend(node.decorator_list + node.bases)
+                for statement in node.body:
+                    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        self._function(statement, node, local)
+                    else:
+                        pending.append(statement)
+                continue
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                self._function(node, None, local, receiver if owner is not None else None, owner)
+                continue
+            if isinstance(node, ast.Call):
+                self._check(node, owner, receiver, local)
+            pending.extend(ast.iter_child_nodes(node))
+
+    def _function(self, function: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda, cls: ast.ClassDef | None,
+                  outer: set[str], receiver: str | None = None, owner: ast.ClassDef | None = None) -> None:
+        """A method of ``cls`` (its receiver is its first parameter), or a nested function seeing ``owner``."""
+        if not isinstance(function, ast.Lambda):
+            for node in [*function.decorator_list, *(d for d in function.args.defaults), *function.args.kw_defaults]:
+                if node is not None:
+                    self._scan([ast.Expr(node)], owner, receiver, outer)
+        local = outer | _bound_names(function)
+        if cls is not None:
+            owner = cls
+            receiver = None
+            kind = _kind(function) if not isinstance(function, ast.Lambda) else None
+            parameters = [*function.args.posonlyargs, *function.args.args]
+            if kind == "plain" and parameters:
+                receiver = parameters[0].arg
+        elif receiver is not None and receiver in _bound_names(function):
+            receiver = None  # a nested function rebinding the receiver's name
+        body: list[ast.stmt] = function.body if isinstance(function.body, list) else [ast.Expr(function.body)]
+        self._scan(body, owner, receiver, local)
+
+    def _check(self, call: ast.Call, owner: ast.ClassDef | None, receiver: str | None, local: set[str]) -> None:
+        func = call.func
+        target: tuple[str, ast.FunctionDef | ast.AsyncFunctionDef, bool] | None = None
+        if isinstance(func, ast.Name) and func.id not in local:
+            if func.id in self.functions:
+                function = self.functions[func.id]
+                if _kind(function) == "plain":
+                    target = (func.id, function, False)
+            elif func.id in self.classes:
+                init = self._lookup(self.classes[func.id], "__init__")
+                if isinstance(init, (ast.FunctionDef, ast.AsyncFunctionDef)) and _kind(init) == "plain":
+                    target = (f"{func.id}.__init__", init, True)
+        elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            name = func.value.id
+            if owner is not None and name == receiver:
+                method = self._lookup(owner, func.attr)
+                if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                        and not self._is_instance_attribute(owner, func.attr):
+                    kind = _kind(method)
+                    if kind is not None:
+                        target = (f"{owner.name}.{func.attr}", method, kind != "static")
+            elif name in self.classes and name not in local:
+                method = self._lookup(self.classes[name], func.attr)
+                if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    kind = _kind(method)
+                    if kind is not None:
+                        target = (f"{name}.{func.attr}", method, kind == "class")
+        if target is None:
+            return
+        callee, function, drop_first = target
+        problem = _binding_problem(call, function, drop_first)
+        if problem is not None:
+            text = self.lines[call.lineno - 1].strip() if 0 < call.lineno <= len(self.lines) else ""
+            self.found.append(Problem(f"call {callee}", f"{self.filename}:{call.lineno}: the call of {callee} (defined "
+                                                        f"at line {function.lineno}) does not fit its signature: "
+                                                        f"{problem}: `{text}`"))
+
+    def _lookup(self, cls: ast.ClassDef, name: str, seen: frozenset[str] = frozenset()) -> object:
+        """The function ``name`` resolves to on ``cls``: a def, None (not there) or _UNKNOWN (a base defined elsewhere)."""
+        if cls.name in seen:
+            return _UNKNOWN
+        for statement in cls.body:
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)) and statement.name == name:
+                return statement
+            if isinstance(statement, (ast.Assign, ast.AnnAssign)):
+                targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+                if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                    return _UNKNOWN
+        for base in cls.bases:
+            if not (isinstance(base, ast.Name) and base.id in self.classes):
+                return _UNKNOWN
+            found = self._lookup(self.classes[base.id], name, seen | {cls.name})
+            if found is not None:
+                return found
+        return None
+
+    def _is_instance_attribute(self, cls: ast.ClassDef, name: str) -> bool:
+        """Whether some method of ``cls`` (or of its in-file bases) assigns ``<receiver>.name``."""
+        classes, seen = [cls], set()
+        while classes:
+            current = classes.pop()
+            if current.name in seen:
+                continue
+            seen.add(current.name)
+            for node in ast.walk(current):
+                if isinstance(node, ast.Attribute) and node.attr == name and isinstance(node.ctx, ast.Store):
+                    return True
+            classes += [self.classes[b.id] for b in current.bases if isinstance(b, ast.Name) and b.id in self.classes]
+        return False
+
+
+# -- the fx check: the generated classes built and traced, in a process of their own ------------------------
+
+def trace_check(mode: str, files: dict[PurePosixPath, str], family: str, package: str, version: str) -> None:
+    """Build the generated classes and trace them with torch.fx (``python -m converter.trace_check``).
+
+    ``mode``: "never"; "always" (``--verify``: missing torch or another installed release is an
+    error); "auto" (the default: run when torch and this very release of ``package`` are
+    installed, else say why not).  A blocker is a :class:`ConvertError` naming the class and the
+    generated line; the files are checked in a scratch directory, so nothing is written.
+    """
+    if mode == "never":
+        return
+    reason = _cannot_trace(package, version)
+    if reason is not None:
+        if mode == "always":
+            raise ConvertError(f"--verify: {reason}")
+        log.info("fx check skipped: %s (pass --verify to require it)", reason)
+        return
+    with tempfile.TemporaryDirectory(prefix="convert-model-check-") as scratch:
+        root = Path(scratch)
+        for relative, text in files.items():
+            (root / relative).parent.mkdir(parents=True, exist_ok=True)
+            (root / relative).write_text(text, encoding="utf-8")
+        command = [sys.executable, "-m", "converter.trace_check", "--root", str(root), "--family", family,
+                   "--version", version]
+        proc = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    if proc.returncode != 0:
+        detail = lines[0] if proc.returncode in (1, 2) and lines else (lines[-1] if lines else "no output")
+        raise ConvertError(f"fx check of the generated {family} {version} failed: {detail}")
+    log.info("fx check: every class traces with torch.fx")
+
+
+def _cannot_trace(package: str, version: str) -> str | None:
+    if importlib.util.find_spec("torch") is None:
+        return "torch is not installed"
+    try:
+        installed = metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return f"{package} is not installed"
+    if installed != version:
+        return f"the installed {package} is {installed}, not {version}"
+    return None
