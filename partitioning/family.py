@@ -27,6 +27,15 @@ from partitioning.shapes import config_file_kwargs, make_config, unknown_keys
 GENERATED = "generated_models"  # convert-model's default output root, an importable package
 
 
+def _installed(package: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def definitions() -> dict[str, FamilyDefinition]:
     """Every family whose recipe has a family definition."""
     try:
@@ -75,8 +84,13 @@ class ModelFamily:
 
     def model_class(self, class_name: str) -> type:
         self.class_info(class_name)
-        return import_class(self.package, class_name, f"no generated model {self.package} (run: convert-model "
-                                                      f"{self.name} --version {self.version})")
+        try:
+            return import_class(self.package, class_name, f"no generated model {self.package} (run: convert-model "
+                                                          f"{self.name} --version {self.version})")
+        except ImportError as exc:  # generated code of one release imports that release's package
+            installed = _installed(self.definition.package)
+            raise PlanError(f"{self.package} does not import ({type(exc).__name__}: {exc}): it was generated from "
+                            f"{self.definition.package} {self.version}, the installed one is {installed}") from None
 
     def build(self, class_name: str, config: Any, device: str | torch.device = "meta") -> torch.nn.Module:
         """A generated ``class_name`` in training mode, built directly on ``device``."""

@@ -85,9 +85,38 @@ def test_diff_shows_original_to_generated(tmp_path: Path, capsys: pytest.Capture
 
 def test_list_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--list"]) == 0
-    line = capsys.readouterr().out.strip()
-    assert line.startswith("t5: transformers transformers/models/t5/modeling_t5.py")
-    assert line.endswith("versions known to work: 4.5.1")
+    lines = {line.split(":")[0]: line for line in capsys.readouterr().out.strip().splitlines()}
+    verified = sorted((p.name for p in (REPO / "generated_models/t5").iterdir() if p.name.startswith("v")),
+                      key=lambda name: tuple(int(n) for n in name[1:].split("_")))
+    assert lines["t5"] == ("t5: transformers transformers/models/t5/modeling_t5.py; verified releases: "
+                           + ", ".join(v[1:].replace("_", ".") for v in verified)
+                           + "; any other release converts unverified, with a warning")
+
+
+def test_an_unverified_release_converts_with_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """4.18.0 (between the verified 4.15.0 and 4.20.1) converts by the recipe's release ranges, and says so."""
+    out = tmp_path / "out"
+    assert main(["t5", "--version", "4.18.0", "--cache-dir", str(SOURCE_CACHE), "--from", "cache", "--no-verify",
+                 "--output-dir", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "convert-model: transformers 4.18.0 is unverified (verified: 4.5.1, " in err
+    code = (out / "t5/v4_18_0/modeling_t5.py").read_text()
+    assert "# UNVERIFIED: transformers 4.18.0 is not among the recipe's verified releases\n" in code
+    compile(code, "modeling_t5.py", "exec")
+
+
+def test_an_unverified_release_a_transform_cannot_apply_to_is_one_line(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """5.23.0's attention dropout lives in a module-level function: dropout_module finds nothing, nothing is written."""
+    install = REPO / ".venv/transformers/5.23.0"
+    assert (install / T5_MEMBER).is_file(), "run bash scripts/setup.sh (installs every release side by side)"
+    out = tmp_path / "out"
+    assert main(["t5", "--version", "5.23.0", "--source-dir", str(install), "--output-dir", str(out)]) == 2
+    assert one_error_line(capsys) == (
+        "convert-model: error: transform dropout_module does not apply to transformers 5.23.0 (unverified): it "
+        "found nothing to rewrite (F.dropout(x, p, training=self.training) -> an nn.Dropout submodule made in "
+        "__init__)")
+    assert not out.exists()
 
 
 def test_source_file_of_the_release_gives_the_canonical_header(tmp_path: Path) -> None:

@@ -184,3 +184,47 @@ def test_a_bug_in_a_transform_is_not_reported_as_bad_input(monkeypatch: pytest.M
         transform_module(cst.parse_module("import torch\nx = torch.ones(a, b)\n"), recipe, {}, "4.5.1")
     assert not isinstance(caught.value, ConvertError)
     assert any("raised by transform size_varargs" in note for note in caught.value.__notes__)
+
+
+# -- no silent success: what render() refuses to return ----------------------------------------------------
+
+def _render_toy(recipe_text: str, source: str, version: str = "4.5.1") -> dict:
+    from converter.fetch import SourceFile
+    from converter.pipeline import Conversion, render
+
+    recipe = load(recipe_text)
+    sources = {recipe.source: SourceFile(recipe.source, source, "0" * 64, "file:toy")}
+    return render(Conversion(recipe, version, sources, "convert-model toy"), "modeling_toy.py")
+
+
+def test_generated_code_that_does_not_compile_names_the_transform(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transform writing ``0.clone()`` (what 5.x once got) is caught before anything is returned."""
+    from transforms.size_varargs import SizeVarargs
+
+    def broken(self: object, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        return cst.parse_expression("0 .clone()").with_changes(
+            func=cst.Attribute(value=cst.Integer("0"), attr=cst.Name("clone")))
+
+    monkeypatch.setattr(SizeVarargs, "leave_Call", broken)
+    text = HEAD + '\n[[transforms]]\nname = "none_checks"\noptional = true\n\n[[transforms]]\nname = "size_varargs"\n'
+    with pytest.raises(ConvertError) as caught:
+        _render_toy(text, "import torch\n\nclass Toy:\n    pass\n\nx = torch.ones(a, b)\n")
+    message = caught.value.one_line()
+    assert message.startswith("generated modeling_toy.py for transformers 4.5.1: modeling_toy.py:6 does not compile")
+    assert message.endswith("(produced by transform size_varargs)")
+
+
+def test_a_call_that_does_not_fit_its_callee_is_refused_with_its_origin() -> None:
+    """The signature check runs on every generated file; a fault already in the source is named as such."""
+    text = HEAD + '\n[[transforms]]\nname = "none_checks"\noptional = true\n'
+    source = ("class Toy:\n"
+              "    def helper(self, x):\n"
+              "        return x\n\n"
+              "    def forward(self, x, mask):\n"
+              "        return self.helper(x, mask)\n")
+    with pytest.raises(ConvertError) as caught:
+        _render_toy(text, source)
+    assert caught.value.one_line() == (
+        "generated modeling_toy.py for transformers 4.5.1: modeling_toy.py:6: the call of Toy.helper (defined at "
+        "line 2) does not fit its signature: it takes 1 positional arguments but 2 were given: "
+        "`return self.helper(x, mask)` (produced by the source itself)")
