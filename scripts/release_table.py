@@ -38,6 +38,7 @@ COLUMNS = {
                                         "stateless-train"),
     "fx": ("fx",),
     "export": ("export-strict", "export-non-strict"),
+    "partition-model": ("partition",),
 }
 assert sorted(c for checks in COLUMNS.values() for c in checks) == sorted(CHECKS)
 

@@ -21,6 +21,8 @@ Checks (each a list of named cases; a failing case does not stop the others):
                     T5ForConditionalGeneration and T5EncoderModel (T5Model runs the same stack code;
                     strict export costs 4 to 11 s of CPU per class here)
   export-non-strict the same, non-strict, every class
+  partition         ``partition-model t5 --version <release>`` (the committed package, not --generated): a
+                    2-stage plan of the tiny shape on meta for every class
 Stock runs the eager attention where a release offers several (``attn_implementation="eager"``),
 which is what the generated model computes. Exit 0 when every check passed, 1 when one failed,
 2 when the environment is wrong (another transformers imported, missing files).
@@ -48,7 +50,7 @@ from torch.export import Dim
 from t5_cases import CLASSES, CONFIGS, PATHS, call_kwargs, config_kwargs, inputs, reference_output
 
 CHECKS = ("eval", "train", "dropout-active", "state-dict", "stateless-eval", "stateless-train", "fx",
-          "export-strict", "export-non-strict")
+          "export-strict", "export-non-strict", "partition")
 TIED, UNTIED = "1layer-relu-tied", "2layer-gelu-untied"
 TRACE_CONFIG = UNTIED
 CASES = [(cls, path) for cls in CLASSES for path in PATHS[cls]]
@@ -267,12 +269,36 @@ def export_cases(models: Models, strict: bool) -> Iterator[Case]:
         yield class_name, run
 
 
+def partition_cases(models: Models) -> Iterator[Case]:
+    import contextlib
+    import io
+    import tempfile
+
+    from partitioning.cli import main as partition_model
+
+    import transformers
+
+    release = transformers.__version__
+    for class_name in CLASSES:
+        def run(class_name=class_name) -> None:
+            with tempfile.TemporaryDirectory() as scratch:
+                plan = Path(scratch) / "plan.json"
+                printed, errors = io.StringIO(), io.StringIO()
+                with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(errors):
+                    code = partition_model(["t5", "--version", release, "--class", class_name, "--stages", "2",
+                                            "--shape", "tiny", "--output", str(plan)])
+                assert code == 0, f"partition-model exit {code}: {errors.getvalue().strip()[-300:]}"
+                assert len(json.loads(plan.read_text())["stages"]) == 2, "the plan has not 2 stages"
+        yield class_name, run
+
+
 RUNNERS: dict[str, Callable[[Models], Iterator[Case]]] = {
     "eval": check_eval, "train": check_train, "dropout-active": check_dropout_active,
     "state-dict": check_state_dict, "stateless-eval": check_stateless_eval,
     "stateless-train": check_stateless_train, "fx": check_fx,
     "export-strict": lambda models: export_cases(models, strict=True),
     "export-non-strict": lambda models: export_cases(models, strict=False),
+    "partition": partition_cases,
 }
 
 

@@ -99,3 +99,16 @@ def test_bad_inputs_exit_2_with_one_line(argv: list[str], message: str, tiny: Pa
     argv = [a.format(tiny=tiny, missing=tmp_path / "missing.json") for a in argv]
     code, _, stderr = run(argv + ["--output", str(tmp_path / "plan.json")], capsys)
     assert code == 2 and message in stderr and stderr.count("\n") == 1
+
+
+def test_a_release_whose_package_is_not_installed_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Generated code imports its own release's transformers: .venv has 4.5.1, 4.57.6's package needs cache_utils.
+
+    (tests/test_t5_releases.py plans every committed release in a process importing that release.)
+    """
+    code, out, err = run(["t5", "--version", "4.57.6", "--stages", "2", "--shape", "tiny",
+                          "--output", str(tmp_path / "plan.json")], capsys)
+    assert code == 2 and not (tmp_path / "plan.json").exists()
+    assert err.strip() == (
+        "partition-model: error: generated_models.t5.v4_57_6 does not import (ModuleNotFoundError: No module named "
+        "'transformers.cache_utils'): it was generated from transformers 4.57.6, the installed one is 4.5.1")
