@@ -1,6 +1,6 @@
 """Rebuild issue 11's table: per transformers release, does T5 convert, equal stock, trace with fx and export?
 
-Usage: python scripts/release_table.py [--releases 4.5.1,4.46.3] [--committed-only] [--json OUT]
+Usage: python scripts/release_table.py [--releases 4.5.1,4.46.3] [--committed-only] [--jobs N] [--json OUT] [--readme]
 
 For every release of scripts/transformers_releases.txt (installed side by side by scripts/setup.sh):
 - converts: a committed package (generated_models/t5/v<release>/) must pass
@@ -8,9 +8,11 @@ For every release of scripts/transformers_releases.txt (installed side by side b
   converted into a scratch directory from the same install ("yes, not committed" or the error line);
 - the other columns run tests/t5_release_worker.py on that output in a process importing exactly that
   release (PYTHONPATH=.venv/transformers/<release>): eval/train/grads = eval, train, stateless-eval,
-  stateless-train, state-dict and dropout-active; fx = symbolic_trace; export = strict and non-strict.
+  stateless-train, state-dict and dropout-active; fx = symbolic_trace; export = strict and non-strict;
+  partition-model = a 2-stage plan of every class of the committed package.
 A cell is "yes" or "**no**" with the first failure. Markdown goes to stdout, one progress line per release
-to stderr. Exit 0 when every row is all "yes", 1 otherwise, 2 on bad arguments or a missing install.
+to stderr; --readme also writes the table into README.md between its release-table markers. Exit 0 when every
+row is all "yes", 1 otherwise, 2 on bad arguments or a missing install.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,9 +33,12 @@ sys.path.insert(0, str(REPO / "scripts"))
 from install_releases import install_dir, is_installed, read_releases  # noqa: E402
 from t5_release_worker import CHECKS, run_in_subprocess  # noqa: E402
 
+from converter.atomic import write_atomic  # noqa: E402
 from converter.pipeline import version_dir  # noqa: E402
 
 GENERATED = REPO / "generated_models"
+README = REPO / "README.md"
+MARKERS = ("<!-- release-table: scripts/release_table.py --readme -->\n", "<!-- /release-table -->\n")
 COLUMNS = {
     "eval/train/grads equal to stock": ("eval", "train", "dropout-active", "state-dict", "stateless-eval",
                                         "stateless-train"),
@@ -60,7 +66,7 @@ def convert(release: str, scratch: Path) -> tuple[str, Path | None]:
         what = "out of date (`--check` found drift)" if proc.returncode == 1 else _one_line(proc.stderr)
         return f"**no**: committed package {what}", committed
     proc = subprocess.run([sys.executable, "-m", "converter.cli", "t5", "--version", release, *source,
-                           "--output-dir", str(scratch), "-q"], capture_output=True, text=True, cwd=REPO)
+                           "--output-dir", str(scratch), "--no-verify", "-q"], capture_output=True, text=True, cwd=REPO)
     if proc.returncode != 0:
         return f"**no**: `{_one_line(proc.stderr).removeprefix('convert-model: error: ')}`", None
     return "yes (not committed)", scratch / "t5" / version_dir(release) / "modeling_t5.py"
@@ -95,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--releases", help="comma-separated subset of the listed releases")
     parser.add_argument("--committed-only", action="store_true", help="only releases with a committed package")
     parser.add_argument("--json", type=Path, help="also write the worker results here")
+    parser.add_argument("--jobs", type=int, default=2, help="releases checked at once (default 2)")
+    parser.add_argument("--readme", action="store_true", help="also write the table into README.md")
     args = parser.parse_args(argv)
     listed = {release.version: release for release in read_releases()}
     chosen = args.releases.split(",") if args.releases else list(listed)
@@ -110,16 +118,23 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
 
-    rows, records = [], {}
     with tempfile.TemporaryDirectory(prefix="release-table-") as tmp:
-        for release in chosen:
-            cells, records[release] = row(release, Path(tmp) / release)
-            rows.append(cells)
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:  # each row runs in subprocesses of its own
+            results = list(pool.map(lambda release: row(release, Path(tmp) / release), chosen))
+    rows = [cells for cells, _ in results]
+    records = {release: record for release, (_, record) in zip(chosen, results)}
     header = ["release", "converts", *COLUMNS]
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for cells in rows:
-        print("| " + " | ".join(cells) + " |")
+    table = "| " + " | ".join(header) + " |\n" + "|" + "---|" * len(header) + "\n"
+    table += "".join("| " + " | ".join(cells) + " |\n" for cells in rows)
+    sys.stdout.write(table)
+    if args.readme:
+        text = README.read_text(encoding="utf-8")
+        start, end = text.find(MARKERS[0]), text.find(MARKERS[1])
+        if start < 0 or end < start:
+            print(f"release-table: error: README.md has no {MARKERS[0].strip()} ... {MARKERS[1].strip()} markers",
+                  file=sys.stderr)
+            return 2
+        write_atomic(README, (text[:start + len(MARKERS[0])] + table + text[end:]).encode("utf-8"))
     if args.json:
         args.json.write_text(json.dumps(records, indent=2) + "\n", encoding="utf-8")
     return 0 if all(c == "yes" for cells in rows for c in cells[1:]) else 1
