@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from stateless.checks import is_None
 from stateless.layers import StatelessEmbedding, StatelessLinear
 
 
@@ -61,13 +62,15 @@ def make_stateless(model: nn.Module, *, shared: str, weight: str, users: Sequenc
             raise ValueError(f"make_stateless: {tied_linear} does not share {shared}'s weight")
         _set_submodule(model, tied_linear, StatelessLinear.like(linear))
         keys.append(tied_linear + ".weight")
-    for name in users:
+    owner_name, _, attribute = shared.rpartition(".")
+    owner = model.get_submodule(owner_name) if owner_name else model
+    order = tuple(owner._modules)
+    if shared not in users:  # the holder is only registered under its own name (T5's shared): it goes
+        delattr(owner, attribute)
+    for name in users:  # a holder that is also a user (GPT-2's wte) is replaced in place
         _set_submodule(model, name, StatelessEmbedding.like(embedding))
-    owner, _, attribute = shared.rpartition(".")
-    order = tuple(model.get_submodule(owner)._modules) if owner else tuple(model._modules)
-    delattr(model, shared)
     model.register_parameter(weight, parameter)
-    spec = SharedWeightSpec(shared, weight, tuple(users), tied_linear, tuple(keys), order)
+    spec = SharedWeightSpec(shared, weight, tuple(users), tied_linear, tuple(dict.fromkeys(keys)), order)
     model.__dict__["_shared_weight_spec"] = spec
     # load_state_dict of a stock (HF-keyed) checkpoint keeps working.
     model.__dict__["_shared_weight_hook"] = model._register_load_state_dict_pre_hook(_load_hf_keys(spec))
@@ -96,7 +99,7 @@ def make_stateful(model: nn.Module) -> nn.Module:
     if spec.tied_linear is not None:
         _set_submodule(model, spec.tied_linear, model.get_submodule(spec.tied_linear).to_linear(parameter))
     del model._parameters[spec.weight]
-    setattr(model, spec.shared, embedding)
+    _set_submodule(model, spec.shared, embedding)
     for name in spec.users:
         _set_submodule(model, name, embedding)
     owner_name = spec.shared.rpartition(".")[0]
@@ -108,9 +111,21 @@ def make_stateful(model: nn.Module) -> nn.Module:
     return model
 
 
-def shared_weight(model: nn.Module, shared: str, weight: str) -> torch.Tensor:
-    """The shared weight in either form, as the generated forward passes it on."""
-    return getattr(model, weight) if is_stateless(model) else model.get_submodule(shared).weight
+def shared_weight(model: nn.Module, shared: str, weight: str, passed: torch.Tensor | None = None) -> torch.Tensor:
+    """The shared weight in either form, as the generated forward passes it on.
+
+    ``passed``: the weight a caller handed down (a model called by another model, GPT-2's
+    ``transformer`` inside the LM head model); when given, it is the weight.
+    """
+    if not is_None(passed):
+        return passed
+    if is_stateless(model):
+        return getattr(model, weight)
+    holder = model.get_submodule(shared)
+    if isinstance(holder, StatelessEmbedding):
+        raise ValueError(f"{type(model).__name__}: {shared} is stateless here; call the model that owns the "
+                         f"shared weight, or pass it")
+    return holder.weight
 
 
 def call_shared(module: nn.Module, weight: torch.Tensor, *inputs: Any) -> Any:
