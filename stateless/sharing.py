@@ -108,14 +108,25 @@ def make_stateful(model: nn.Module) -> nn.Module:
     return model
 
 
-def shared_weight(model: nn.Module, shared: str, weight: str) -> torch.Tensor:
-    """The shared weight in either form, as the generated forward passes it on."""
-    return getattr(model, weight) if is_stateless(model) else model.get_submodule(shared).weight
+def shared_weight(model: nn.Module, shared: str, weight: str) -> torch.Tensor | None:
+    """What the generated forward passes on to the users of the shared weight.
+
+    The top-level parameter in the stateless form.  ``None`` in the stateful
+    form, where every user owns the weight and :func:`call_shared` does not
+    pass it: a tracer that wraps only the values its parent passes (FTPipe's)
+    refuses a parameter read out of a leaf module as an untraced tensor constant.
+    """
+    return getattr(model, weight) if is_stateless(model) else None
 
 
-def call_shared(module: nn.Module, weight: torch.Tensor, *inputs: Any) -> Any:
-    """Call a (possibly) stateless user of the shared weight: stateless layers take it first."""
-    if isinstance(module, (StatelessEmbedding, StatelessLinear)):
+def call_shared(module: nn.Module, weight: torch.Tensor | None, *inputs: Any) -> Any:
+    """Call a (possibly) stateless user of the shared weight: stateless layers take it first.
+
+    Dispatches on the layer's ``takes_shared_weight`` attribute, not on its
+    class: a tracer may hand over a wrapper that forwards attribute lookups to
+    the layer but is not an instance of it.
+    """
+    if getattr(module, "takes_shared_weight", False):
         return module(weight, *inputs)
     return module(*inputs)
 
