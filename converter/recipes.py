@@ -31,6 +31,7 @@ class Recipe:
     known_versions: dict[str, str]  # version -> sha256 of the source file
     transforms: tuple[TransformStep, ...]
     support: tuple[str, ...] = ()
+    pins: dict[str, dict[str, str]] = field(default_factory=dict)  # version -> member -> sha256, every member
 
     @property
     def module_name(self) -> str:
@@ -48,7 +49,7 @@ def _parse(data: dict[str, Any], origin: str) -> Recipe:
             TransformStep(step["name"], {k: v for k, v in step.items() if k != "name"})
             for step in data.get("transforms", [])
         )
-        return Recipe(
+        recipe = Recipe(
             family=data["family"],
             package=data["package"],
             source=data["source"],
@@ -56,9 +57,17 @@ def _parse(data: dict[str, Any], origin: str) -> Recipe:
             known_versions={v: meta["sha256"] for v, meta in data.get("versions", {}).items()},
             transforms=steps,
             support=tuple(data.get("support", ())),
+            pins={v: {data["source"]: meta["sha256"], **meta.get("support_sha256", {})}
+                  for v, meta in data.get("versions", {}).items()},
         )
     except (KeyError, TypeError) as exc:
         raise ConvertError(f"recipe {origin} is malformed: missing or bad field {exc}") from None
+    for version, meta in data.get("versions", {}).items():
+        pinned = set(meta.get("support_sha256", {}))
+        if pinned != set(recipe.support):
+            raise ConvertError(f"recipe {origin}: versions.{version}.support_sha256 must pin exactly the support "
+                               f"files {sorted(recipe.support)}, not {sorted(pinned)}")
+    return recipe
 
 
 def load_recipes() -> dict[str, Recipe]:
