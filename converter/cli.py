@@ -181,8 +181,6 @@ def _diff(old: str, new: str, old_name: str, new_name: str) -> str:
 
 def _check_layout(root: Path, files: dict[PurePosixPath, str]) -> None:
     """Every path of the layout is free for a generated file: no file where a directory goes, or the reverse."""
-    if os.path.lexists(root) and not root.is_dir():
-        raise ConvertError(f"--output-dir {root} is not a directory")
     for rel in files:
         path = root
         for part in rel.parts[:-1]:
@@ -204,7 +202,8 @@ def _refuse_foreign(root: Path, changed: dict[PurePosixPath, str], current: dict
     """Never replace a file convert-model did not write (``--output-dir .`` must not eat ./__init__.py)."""
     for rel in changed:
         path = root / rel
-        text = current[rel] if current[rel] is not None else _read_current(path)  # a concurrent run may have written it
+        # Read again when it was missing: a concurrent run may have written it meanwhile.
+        text = current[rel] if current[rel] is not None else _read_current(path)
         if os.path.lexists(path) and (text is None or "@generated" not in text.partition("\n")[0]):
             raise ConvertError(f"refusing to replace {path}: convert-model did not write it (no @generated header)",
                                hint="move it away or pass another --output-dir")

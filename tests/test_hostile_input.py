@@ -141,7 +141,7 @@ CTRL_C_AT_IMPORT = textwrap.dedent("""
 
 @pytest.mark.parametrize("module", ["converter.cli", "converter.fetch", "libcst", "transforms", "converter.pipeline"])
 def test_ctrl_c_while_importing_is_one_line(module: str, tmp_path: Path) -> None:
-    """A real SIGINT when the entry point imports ``module`` (the first ~0.6 s). Before: a KeyboardInterrupt traceback."""
+    """A real SIGINT while the entry point imports ``module`` (the first ~0.6 s). Before: a traceback."""
     proc = convert_model(module, *convert("--from", "cache", "--output-dir", str(tmp_path / "out")),
                          hook=CTRL_C_AT_IMPORT)
     assert (proc.returncode, proc.stderr) == (2, INTERRUPTED + "\n")
@@ -328,8 +328,9 @@ def test_a_version_pip_matches_to_another_release_is_refused(tmp_path: Path, fak
                                                              out_dir: Path, capsys) -> None:
     fake_index.add("4.6.0", release_members())
     # pip download transformers==4.6 fetches 4.6.0: files of 4.6.0 must not be labelled 4.6
-    line = assert_rejected(["t5", "--version", "4.6", "--cache-dir", str(tmp_path / "c"), "--from", "registry",
-                            "--output-dir", str(out_dir)], out_dir, capsys, "answers transformers==4.6 with release 4.6.0")
+    args = ["t5", "--version", "4.6", "--cache-dir", str(tmp_path / "c"), "--from", "registry",
+            "--output-dir", str(out_dir)]
+    line = assert_rejected(args, out_dir, capsys, "answers transformers==4.6 with release 4.6.0")
     assert "--version 4.6.0" in line
 
 
@@ -454,8 +455,8 @@ def test_stub_classes_get_a_diagnosis_not_an_internal_error(tmp_path: Path, caps
                                        "exit 0 and a model without forward")
 def test_stub_classes_with_pass_bodies_are_refused(tmp_path: Path, capsys) -> None:
     stubs = tmp_path / "stubs.py"
-    stubs.write_text("from torch import nn\n\n" + "".join(
-        f"class {name}(nn.Module):\n    pass\n\n" for name in ("T5Model", "T5ForConditionalGeneration", "T5EncoderModel")))
+    classes = ("T5Model", "T5ForConditionalGeneration", "T5EncoderModel")
+    stubs.write_text("from torch import nn\n\n" + "".join(f"class {name}(nn.Module):\n    pass\n\n" for name in classes))
     assert main(convert("--from", "cache", "--source-file", str(stubs), "--output-dir", str(tmp_path / "out"))) == 2
     one_error_line(capsys)
     assert not (tmp_path / "out").exists()
