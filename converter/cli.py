@@ -330,6 +330,10 @@ def _main(argv: list[str] | None) -> int:
     except ConvertError as exc:
         print(f"convert-model: error: {exc.one_line()}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a path the checks above did not foresee (a name too long, a loop, ...)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"convert-model: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
     except Exception as exc:  # last resort: a bug or an input nobody foresaw still gets one line
         log.debug("internal error", exc_info=True)
         detail = " ".join(str(exc).split())[:300]

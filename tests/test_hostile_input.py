@@ -200,6 +200,13 @@ def test_an_output_dir_that_is_a_file_is_an_error(mode: list[str], tmp_path: Pat
     assert target.read_text() == "mine\n"
 
 
+def test_an_output_dir_name_too_long_is_one_line(tmp_path: Path, capsys) -> None:
+    too_long = tmp_path / ("x" * 300) / "out"
+    assert main(convert("--from", "cache", "--output-dir", str(too_long))) == 2
+    line = one_error_line(capsys)  # before: an OSError traceback (ENAMETOOLONG from Path.exists)
+    assert "File name too long" in line and "internal error" not in line
+
+
 def test_output_dir_dot_does_not_replace_the_users_init(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                         capsys) -> None:
     monkeypatch.chdir(tmp_path)
@@ -456,7 +463,7 @@ def test_stub_classes_get_a_diagnosis_not_an_internal_error(tmp_path: Path, caps
 def test_stub_classes_with_pass_bodies_are_refused(tmp_path: Path, capsys) -> None:
     stubs = tmp_path / "stubs.py"
     classes = ("T5Model", "T5ForConditionalGeneration", "T5EncoderModel")
-    stubs.write_text("from torch import nn\n\n" + "".join(f"class {name}(nn.Module):\n    pass\n\n" for name in classes))
+    stubs.write_text("from torch import nn\n\n" + "".join(f"class {c}(nn.Module):\n    pass\n\n" for c in classes))
     assert main(convert("--from", "cache", "--source-file", str(stubs), "--output-dir", str(tmp_path / "out"))) == 2
     one_error_line(capsys)
     assert not (tmp_path / "out").exists()
