@@ -38,6 +38,7 @@ from transforms.options import OptionError, parse_options
 @dataclass(frozen=True)
 class VersionPin:
     sha256: str  # of the recipe's source file in that release
+    support_sha256: dict[str, str] = field(default_factory=dict)  # support file -> sha256 in that release
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class Recipe:
     known_versions: dict[str, str]  # version -> sha256 of the source file
     transforms: tuple[TransformStep, ...]
     support: tuple[str, ...] = ()
+    pins: dict[str, dict[str, str]] = field(default_factory=dict)  # version -> member -> sha256, every member
     # The [model]/[pipeline]/[shapes] sections every later stage reads (converter/family.py); None if absent.
     definition: FamilyDefinition | None = None
 
@@ -161,6 +163,10 @@ def _parse(data: dict[str, Any], origin: str) -> Recipe:
             name = raw.get("name")
             where = f"transform {name}" if name in REGISTRY else f"transforms[{index}]"
             raise ConvertError(f"recipe {origin}: {where}: {error}") from None
+    for version, pin in recipe.versions.items():
+        if set(pin.support_sha256) != set(recipe.support):
+            raise ConvertError(f"recipe {origin}: versions.{version}.support_sha256 must pin exactly the support "
+                               f"files {sorted(recipe.support)}, not {sorted(pin.support_sha256)}")
     return Recipe(
         family=recipe.family,
         package=recipe.package,
@@ -169,6 +175,7 @@ def _parse(data: dict[str, Any], origin: str) -> Recipe:
         known_versions={version: pin.sha256 for version, pin in recipe.versions.items()},
         transforms=tuple(steps),
         support=recipe.support,
+        pins={version: {recipe.source: pin.sha256, **pin.support_sha256} for version, pin in recipe.versions.items()},
         definition=parse_definition(data, origin),
     )
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Create (or refresh) .venv with everything the project needs.  Idempotent: when
-# nothing that decides the environment changed since the last run, it exits at once.
+# Create (or refresh) .venv with everything the project needs, then the transformers releases
+# of scripts/transformers_releases.txt side by side under .venv/transformers/<release>/.
+# Idempotent: the venv is rebuilt only when what decides it changed, and each release only
+# when its line changed or its directory is missing, so a second run returns at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,15 +12,17 @@ PYTHON=${PYTHON:-python3}
 stamp=.venv/.setup-stamp
 want=$(cat setup.cfg pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 
-if [[ -f $stamp && "$(cat "$stamp")" == "$want" ]]; then
-    exit 0
+if [[ ! -f $stamp || "$(cat "$stamp")" != "$want" ]]; then
+    [[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv
+    pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
+    # Pin torch first and on its own: an unpinned torch would pull the CUDA build.
+    "${pip[@]}" install "torch==$TORCH_VERSION"
+    "${pip[@]}" install -e ".[models,test]"
+    "${pip[@]}" install --no-deps "transformers==$TRANSFORMERS_VERSION"
+    echo "$want" > "$stamp"
+    echo "setup: .venv ready (torch $TORCH_VERSION, transformers $TRANSFORMERS_VERSION)" >&2
 fi
 
-[[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv
-pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
-# Pin torch first and on its own: an unpinned torch would pull the CUDA build.
-"${pip[@]}" install "torch==$TORCH_VERSION"
-"${pip[@]}" install -e ".[models,test]"
-"${pip[@]}" install --no-deps "transformers==$TRANSFORMERS_VERSION"
-echo "$want" > "$stamp"
-echo "setup: .venv ready (torch $TORCH_VERSION, transformers $TRANSFORMERS_VERSION)" >&2
+# Each release's stock code for the per-release equivalence tests (tests/test_t5_releases.py);
+# a failed install fails setup and leaves no directory behind.
+.venv/bin/python scripts/install_releases.py

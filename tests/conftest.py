@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.util
 import os
+import sys
 import shutil
 import zipfile
 from pathlib import Path
@@ -18,6 +20,16 @@ SOURCE_CACHE = FIXTURES / "cache"
 T5_MEMBER = "transformers/models/t5/modeling_t5.py"
 T5_SOURCE = SOURCE_CACHE / "transformers-4.5.1" / T5_MEMBER
 REPO = Path(__file__).parent.parent
+
+
+def load_script(name: str):
+    """The module ``scripts/<name>.py`` (scripts/ is not a package), imported once."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # registered before it runs: dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 @pytest.fixture
@@ -96,3 +108,22 @@ def fake_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeIndex:
 
 def snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="session")
+def converted_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """convert-model's output for T5 4.5.1 from the committed cache, made once per session."""
+    from converter.cli import main
+
+    out = tmp_path_factory.mktemp("converted") / "out"
+    assert main(["t5", "--version", "4.5.1", "--cache-dir", str(SOURCE_CACHE), "--from", "cache",
+                 "--output-dir", str(out)]) == 0
+    return out
+
+
+@pytest.fixture
+def out_dir(tmp_path: Path, converted_once: Path) -> Path:
+    """An output dir holding a previous good conversion that must survive bad runs untouched."""
+    out = tmp_path / "out"
+    shutil.copytree(converted_once, out)
+    return out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -39,16 +38,15 @@ def test_output_layout_and_header(tmp_path: Path) -> None:
     assert "# source: transformers 4.5.1, transformers/models/t5/modeling_t5.py" in head
     assert "# sha256: ea7cf4935101e821786a3de75072a9c87b9d3ad864596214a0f8d5ff89940200" in head
     assert any(line.startswith("# transforms: absolute_imports") for line in head)
-    assert f"# regenerate: convert-model t5 --version 4.5.1 --output-dir {tmp_path}" in head
+    # The same on every machine: no output directory, no absolute path in committed headers.
+    assert "# regenerate: convert-model t5 --version 4.5.1" in head
 
 
 def test_two_runs_are_byte_identical(tmp_path: Path) -> None:
     assert main(convert("--from", "cache", "--output-dir", str(tmp_path / "a"))) == 0
     assert main(convert("--from", "cache", "--output-dir", str(tmp_path / "b"))) == 0
-    first, second = snapshot(tmp_path / "a"), snapshot(tmp_path / "b")
-    # The header names the output dir; everything else must match byte for byte.
-    strip = lambda blob: blob.replace(str(tmp_path / "a").encode(), b"X").replace(str(tmp_path / "b").encode(), b"X")
-    assert {k: strip(v) for k, v in first.items()} == {k: strip(v) for k, v in second.items()}
+    # Byte for byte, whatever the output directory: the header does not name it.
+    assert snapshot(tmp_path / "a") == snapshot(tmp_path / "b")
 
 
 def test_rerun_leaves_unchanged_files_untouched(tmp_path: Path) -> None:
@@ -102,7 +100,9 @@ def test_modified_source_file_is_pinned_in_the_header(tmp_path: Path, capsys: py
     out = tmp_path / "out"
     assert main(convert("--source-file", str(edited), "--from", "cache", "--output-dir", str(out))) == 0
     assert "differs from transformers 4.5.1" in capsys.readouterr().err
-    assert f"--source-file {edited}" in (out / "t5/v4_5_1/modeling_t5.py").read_text().split("\n\n")[0]
+    header = (out / "t5/v4_5_1/modeling_t5.py").read_text().split("\n\n")[0]
+    assert "# regenerate: convert-model t5 --version 4.5.1 --source-file SOURCE_FILE" in header
+    assert str(tmp_path) not in header
 
 
 def test_installed_distribution_is_a_source(tmp_path: Path) -> None:
@@ -178,21 +178,6 @@ def test_tampered_registry_file_is_refused(tmp_path: Path, monkeypatch: pytest.M
 
 
 # -- bad input: one line, exit 2, nothing written ---------------------------
-
-@pytest.fixture(scope="session")
-def converted_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("converted") / "out"
-    assert main(convert("--from", "cache", "--output-dir", str(out))) == 0
-    return out
-
-
-@pytest.fixture
-def out_dir(tmp_path: Path, converted_once: Path) -> Path:
-    """An output dir holding a previous good conversion that must survive bad runs untouched."""
-    out = tmp_path / "out"
-    shutil.copytree(converted_once, out)
-    return out
-
 
 def assert_rejected(args: list[str], out: Path, capsys: pytest.CaptureFixture[str], expected: str) -> str:
     before = snapshot(out)
@@ -286,6 +271,4 @@ def test_real_registry_download(tmp_path: Path) -> None:
     assert main(convert("--from", "registry", "--output-dir", str(tmp_path / "out"), cache=cache)) == 0
     assert (cache / "transformers-4.5.1" / T5_MEMBER).read_bytes() == T5_SOURCE.read_bytes()
     assert snapshot(tmp_path / "out")["t5/v4_5_1/modeling_t5.py"] == \
-        (REPO / "generated_models/t5/v4_5_1/modeling_t5.py").read_bytes().replace(
-            b"# regenerate: convert-model t5 --version 4.5.1\n",
-            f"# regenerate: convert-model t5 --version 4.5.1 --output-dir {tmp_path / 'out'}\n".encode())
+        (REPO / "generated_models/t5/v4_5_1/modeling_t5.py").read_bytes()
