@@ -54,7 +54,7 @@ def test_t5_definition_loads_with_its_shared_weights_read_off_the_shared_weight_
     step = next(step for step in data["transforms"] if step["name"] == "shared_weight")
     for class_name, options in step["models"].items():
         (weight,) = definition.shared[class_name]
-        assert (weight.weight, weight.module) == (step["weight"], step["shared"])
+        assert (weight.weight, weight.module) == (step["weight"], options["shared"])
         assert list(weight.users) == options["users"]
         assert weight.tied_linear == options.get("tied_linear")
     (head,) = definition.shared["T5ForConditionalGeneration"]

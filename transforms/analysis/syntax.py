@@ -105,6 +105,21 @@ def drop_items(items: Sequence[_Item], keep: Sequence[bool]) -> list[_Item]:
     return kept
 
 
+def append_item(items: Sequence[_Item], new: _Item) -> list[_Item]:
+    """Add an item at the end of a comma-separated list, keeping its layout (one item a line stays so)."""
+    if not items:
+        return [new]
+    last = items[-1]
+    # The new item takes the old last one's comma (and the whitespace before the closing parenthesis);
+    # the old last one takes its predecessor's, which leads to the next item.
+    separator = items[-2].comma if len(items) > 1 else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    if not isinstance(separator, cst.Comma):
+        separator = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    result = list(items[:-1])
+    result += [last.with_changes(comma=separator), new.with_changes(comma=last.comma)]
+    return result
+
+
 def indented(statements: Sequence[cst.BaseStatement], block: cst.BaseSuite) -> cst.BaseSuite:
     """``block`` holding ``statements`` (``pass`` when there are none)."""
     body = list(statements) or [cst.SimpleStatementLine([cst.Pass()])]
