@@ -80,8 +80,8 @@ def _gather_sources(args: argparse.Namespace, recipe: Recipe) -> dict[str, Sourc
             local[member] = read_source_file(path, member)
     remaining = tuple(m for m in recipe.members if m not in local)
     if remaining:
-        pinned = {recipe.source: recipe.known_versions[args.version]} if args.version in recipe.known_versions else {}
-        fetcher = Fetcher(recipe.package, args.version, args.cache_dir or default_cache_dir(), args.origin, pinned)
+        fetcher = Fetcher(recipe.package, args.version, args.cache_dir or default_cache_dir(), args.origin,
+                          recipe.pinned(args.version))
         local.update(fetcher.fetch(remaining))
     return local
 

@@ -38,6 +38,7 @@ from transforms.options import OptionError, parse_options
 @dataclass(frozen=True)
 class VersionPin:
     sha256: str  # of the recipe's source file in that release
+    support: dict[str, str] = field(default_factory=dict)  # support file -> its sha256 in that release
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,13 @@ class Recipe:
     support: tuple[str, ...] = ()
     # The [model]/[pipeline]/[shapes] sections every later stage reads (converter/family.py); None if absent.
     definition: FamilyDefinition | None = None
+    support_pins: dict[str, dict[str, str]] = field(default_factory=dict)  # version -> support file -> sha256
+
+    def pinned(self, version: str) -> dict[str, str]:
+        """The sha256 of every file of ``version`` the recipe pins (none for an unverified release)."""
+        if version not in self.known_versions:
+            return {}
+        return {self.source: self.known_versions[version], **self.support_pins.get(version, {})}
 
     @property
     def module_name(self) -> str:
@@ -153,6 +161,11 @@ def _parse(data: dict[str, Any], origin: str) -> Recipe:
         recipe = parse_options(RecipeFile, data)
     except OptionError as error:
         raise ConvertError(f"recipe {origin}: {error}") from None
+    for version, pin in recipe.versions.items():
+        unknown = [member for member in pin.support if member not in recipe.support]
+        if unknown:
+            raise ConvertError(f"recipe {origin}: versions.{version}.support: {unknown[0]} is not one of the "
+                               f"recipe's support files")
     steps = []
     for index, raw in enumerate(recipe.transforms):
         try:
@@ -170,6 +183,7 @@ def _parse(data: dict[str, Any], origin: str) -> Recipe:
         transforms=tuple(steps),
         support=recipe.support,
         definition=parse_definition(data, origin),
+        support_pins={version: dict(pin.support) for version, pin in recipe.versions.items() if pin.support},
     )
 
 
