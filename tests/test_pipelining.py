@@ -122,14 +122,18 @@ def test_pipeline_run_needs_torchrun() -> None:
         PipelineRun(T5.build("T5ForConditionalGeneration", cfg), plan, {}, micro_batches=2, schedule="gpipe")
 
 
-def test_partition_model_run_trains_the_plan_under_torchrun(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("family", ["t5", "gpt2"])
+def test_partition_model_run_trains_the_plan_under_torchrun(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                            family: str) -> None:
+    from model_families import FAMILIES
     from partitioning.cli import main
 
     cfg = tmp_path / "config.json"
-    cfg.write_text(config("1layer-relu-tied").to_json_string())
+    cfg.write_text(FAMILIES[family].make_config(FAMILIES[family].configs[0]).to_json_string())
     plan = tmp_path / "plan.json"
-    code = main(["t5", "--version", "4.5.1", "--stages", "2", "--config", str(cfg), "--batch", "2", "--source-len", "7",
-                 "--target-len", "5", "--micro-batches", "2", "--output", str(plan), "--run", "--run-steps", "2"])
+    lengths = [f"--{name}-len={length}" for name, length in FAMILIES[family].train_lengths.items()]
+    code = main([family, "--version", "4.5.1", "--stages", "2", "--config", str(cfg), "--batch", "2", *lengths,
+                 "--micro-batches", "2", "--output", str(plan), "--run", "--run-steps", "2"])
     out = capsys.readouterr().out
     assert code == 0, out
     steps = [line for line in out.splitlines() if line.startswith("step ")]
