@@ -138,7 +138,7 @@ class ModelFamily:
         return cost_chain(model, specs, kwargs, absent, measure_repeats)
 
     def describe(self, class_name: str, config: Any, micro_batch: MicroBatch, shape: str,
-                 granularity: int) -> dict[str, Any]:
+                 granularity: int | str) -> dict[str, Any]:
         """The plan's record of the model: enough for ``partitioning.train`` to rebuild it and its inputs."""
         return {"family": self.name, "version": self.version, "class": class_name,
                 "output": self.class_info(class_name).output, "module": self.package,
