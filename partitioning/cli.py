@@ -13,7 +13,7 @@ import torch
 
 from converter.atomic import write_atomic
 from partitioning import granularity as grain
-from partitioning.calibration import Calibration, calibrate
+from partitioning.calibration import Calibration, calibrate, clock
 from partitioning.costing import Chain
 from partitioning.family import ModelFamily, definitions
 from partitioning.ipu.cli import add_ipu_arguments, run_ipu
@@ -225,7 +225,8 @@ def _calibrate(args: argparse.Namespace) -> str:
     torch.manual_seed(0)
     model = family.build(class_name, config, args.device)
     repeats = args.measure or 5
-    chain = family.chain(class_name, config, micro_batch, 1, args.device, repeats, model=model, sublayers=True)
+    chain = family.chain(class_name, config, micro_batch, 1, args.device, repeats, model=model, sublayers=True,
+                         clock=clock(args.device))
     inputs = family.inputs(class_name, config, micro_batch, args.device)
     described = family.describe(class_name, config, micro_batch, shape, grain.SUBLAYER)
     result = calibrate(chain, model, inputs, described, repeats, args.threads)

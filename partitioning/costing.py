@@ -31,8 +31,10 @@ no memory is used for large shapes):
   that saves it: exact for a block alone on a stage, an upper bound when two
   blocks of one stage save the same tensor (e.g. the encoder output that every
   decoder block's cross-attention keeps).
-* Wall time (optional, real devices only): a second run timestamps each
-  block transition; the median over repeats is kept.
+* Time (optional, real devices only): a second run timestamps each block
+  transition; the median over repeats is kept.  The clock is wall time, or
+  the thread's CPU time when asked (a single-threaded CPU run on a shared
+  machine: time the thread waited for a core is not the block's).
 """
 
 from __future__ import annotations
@@ -219,9 +221,9 @@ class _CostingInterpreter(Interpreter):
 
 class _TimingInterpreter(Interpreter):
     def __init__(self, graph_module: GraphModule, block_of: dict[Node, int], blocks: int,
-                 sync: Callable[[], None]) -> None:
+                 sync: Callable[[], None], clock: Callable[[], float]) -> None:
         super().__init__(graph_module, garbage_collect_values=True)
-        self.block_of, self.sync = block_of, sync
+        self.block_of, self.sync, self.clock = block_of, sync, clock
         self.seconds = [0.0] * blocks
         self._current, self._since = 0, 0.0
 
@@ -229,17 +231,17 @@ class _TimingInterpreter(Interpreter):
         block = self.block_of[n]
         if block != self._current:
             self.sync()
-            now = time.perf_counter()
+            now = self.clock()
             self.seconds[self._current] += now - self._since
             self._current, self._since = block, now
         return super().run_node(n)
 
     def time(self, *args: Any) -> list[float]:
         self.sync()
-        self._since = time.perf_counter()
+        self._since = self.clock()
         self.run(*args)
         self.sync()
-        self.seconds[self._current] += time.perf_counter() - self._since
+        self.seconds[self._current] += self.clock() - self._since
         return self.seconds
 
 
@@ -273,7 +275,8 @@ def _inputs_in_order(graph_module: GraphModule, kwargs: dict[str, Any]) -> list[
 
 
 def cost_chain(model: torch.nn.Module, specs: Sequence[BlockSpec], kwargs: dict[str, torch.Tensor],
-               concrete_args: dict[str, Any], measure_repeats: int = 0) -> Chain:
+               concrete_args: dict[str, Any], measure_repeats: int = 0,
+               clock: Callable[[], float] = time.perf_counter) -> Chain:
     """Cost every block of ``specs`` for one micro-batch given as ``kwargs``."""
     if not specs:
         raise PlanError("the chain has no blocks")
@@ -304,7 +307,7 @@ def cost_chain(model: torch.nn.Module, specs: Sequence[BlockSpec], kwargs: dict[
 
     seconds: list[float | None] = [None] * len(specs)
     if measure_repeats:
-        seconds = list(_measure(graph_module, block_of, len(specs), args, measure_repeats))
+        seconds = list(_measure(graph_module, block_of, len(specs), args, measure_repeats, clock))
 
     blocks = [Block(name=spec.name, modules=spec.modules, flops=float(costing.flops[i]), param_bytes=param_bytes[i],
                     out_bytes=sum(costing.value_bytes[n] for n in crossing[i]),
@@ -317,7 +320,7 @@ def cost_chain(model: torch.nn.Module, specs: Sequence[BlockSpec], kwargs: dict[
 
 
 def _measure(graph_module: GraphModule, block_of: dict[Node, int], blocks: int, args: list[Any],
-             repeats: int) -> list[float]:
+             repeats: int, clock: Callable[[], float]) -> list[float]:
     devices = {a.device for a in args if isinstance(a, torch.Tensor)}
     if any(d.type == "meta" for d in devices):
         raise PlanError("wall time cannot be measured on the meta device")
@@ -327,6 +330,6 @@ def _measure(graph_module: GraphModule, block_of: dict[Node, int], blocks: int, 
         if cuda:
             torch.cuda.synchronize()
 
-    _TimingInterpreter(graph_module, block_of, blocks, sync).time(*args)  # warm-up: allocator, kernels
-    runs = [_TimingInterpreter(graph_module, block_of, blocks, sync).time(*args) for _ in range(repeats)]
+    _TimingInterpreter(graph_module, block_of, blocks, sync, clock).time(*args)  # warm-up: allocator, kernels
+    runs = [_TimingInterpreter(graph_module, block_of, blocks, sync, clock).time(*args) for _ in range(repeats)]
     return [statistics.median(run[i] for run in runs) for i in range(blocks)]

@@ -103,3 +103,21 @@ def test_bad_inputs_exit_2_with_one_line(argv: list[str], message: str, tiny: Pa
     argv = [a.format(tiny=tiny, missing=tmp_path / "missing.json") for a in argv]
     code, _, stderr = run(argv + ["--output", str(tmp_path / "plan.json")], capsys)
     assert code == 2 and message in stderr and stderr.count("\n") == 1
+
+
+def test_auto_granularity_and_recomputation_are_recorded_and_can_be_turned_off(
+        tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan.json"
+    argv = BASE + ["--stages", "2", "--config", str(tiny), "--output", str(out), "--micro-batches", "2"]
+    code, stdout, _ = run(argv + ["--granularity", "sublayer"], capsys)
+    plan = Plan.from_json(out.read_text())
+    assert code == 0 and plan.model["granularity"] == "sublayer"
+    assert "encoder.block.0.layer.0" in [b.name for b in plan.blocks]
+    assert plan.values and plan.recomputed  # the tiny model's masks and biases cost less to recompute
+    assert all(stage.send_bytes is not None for stage in plan.stages)
+    for key in {key for stage in plan.stages for key in stage.recompute}:
+        assert f"recomputed, not sent: {key}" in stdout
+    code, stdout, _ = run(argv + ["--no-recompute"], capsys)
+    plan = Plan.from_json(out.read_text())
+    assert code == 0 and plan.recomputed == [] and all(stage.recompute == () for stage in plan.stages)
+    assert plan.model["granularity"] in (1, "sublayer") and "recomputed, not sent" not in stdout
