@@ -135,7 +135,7 @@ class _OpRecorder(TorchDispatchMode):
         self.random: set[Node] = set()
         self.written: dict[Node, set[int]] = {}
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         assert self.node is not None
         if torch.Tag.nondeterministic_seeded in func.tags:
@@ -298,11 +298,11 @@ def cost_chain(model: torch.nn.Module, specs: Sequence[BlockSpec], kwargs: dict[
     param_bytes = [0] * len(specs)
     shared: list[list[str]] = [[] for _ in specs]
     shared_bytes: dict[str, int] = {}
-    for name, blocks in users.items():
-        param_bytes[min(blocks)] += sizes[name]
-        if len(blocks) > 1:
+    for name, using in users.items():
+        param_bytes[min(using)] += sizes[name]
+        if len(using) > 1:
             shared_bytes[name] = sizes[name]
-            for block in sorted(blocks):
+            for block in sorted(using):
                 shared[block].append(name)
 
     seconds: list[float | None] = [None] * len(specs)

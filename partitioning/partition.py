@@ -133,6 +133,7 @@ class ChainCosts:
         self.recomputed = choose_recomputed(self.values, settings)
         self._cut_bytes = self._sent_bytes() if self.values else [b.out_bytes for b in blocks]
         self._recomputes = [(v, recompute_seconds(v, settings)) for v in self.values if v.name in self.recomputed]
+        self._by_start: dict[int, tuple[list[float], list[int]]] = {}
 
     def _sent_bytes(self) -> list[int]:
         """Bytes over each cut: values not recomputed, model inputs carried as far as a recomputation reads them."""
@@ -153,18 +154,33 @@ class ChainCosts:
         """The values a stage running blocks ``i..j`` recomputes: made before it, read inside it."""
         return [v for v, _ in self._recomputes if v.produced < i and any(i <= use <= j for use in v.uses)]
 
-    def recompute_time(self, i: int, j: int) -> float:
-        return math.fsum(seconds for v, seconds in self._recomputes
-                         if v.produced < i and any(i <= use <= j for use in v.uses))
+    def _starting_at(self, i: int) -> tuple[list[float], list[int]]:
+        """For stages starting at block ``i``, by last block ``j``: recompute seconds and replicated parameters.
 
-    def _replica_params(self, i: int, j: int) -> int:
-        """Trainable parameters a stage holds only to recompute values (a replica each)."""
-        held: dict[tuple[str, ...], int] = {}
-        for value in self.recomputing(i, j):
-            assert value.recompute is not None
-            if value.recompute.grad:
-                held[value.recompute.params] = value.recompute.param_bytes
-        return sum(held.values())
+        A value made before ``i`` joins once ``j`` reaches its first read at or after ``i``, so both
+        grow with ``j``: one pass per ``i`` (cached) instead of a scan of the values per segment.
+        """
+        if i not in self._by_start:
+            n = len(self.blocks)
+            joins: list[list[tuple[Value, float]]] = [[] for _ in range(n)]
+            for value, seconds in self._recomputes:
+                later = bisect.bisect_left(value.uses, i)
+                if value.produced < i and later < len(value.uses):
+                    joins[value.uses[later]].append((value, seconds))
+            times, params, total, held = [], [], 0.0, {}
+            for j in range(n):
+                for value, seconds in joins[j]:
+                    total += seconds
+                    assert value.recompute is not None
+                    if value.recompute.grad:  # a replica of the trainable parameters it reads
+                        held[value.recompute.params] = value.recompute.param_bytes
+                times.append(total)
+                params.append(sum(held.values()))
+            self._by_start[i] = (times, params)
+        return self._by_start[i]
+
+    def recompute_time(self, i: int, j: int) -> float:
+        return self._starting_at(i)[0][j] if self._recomputes else 0.0
 
     def _replica_bytes(self, i: int, j: int) -> int:
         total = 0
@@ -173,6 +189,10 @@ class ChainCosts:
                     and users[bisect.bisect_left(users, i)] <= j:
                 total += self._shared_bytes[name]
         return total
+
+    def _replica_params(self, i: int, j: int) -> int:
+        """Trainable parameters a stage holds only to recompute values (a replica each)."""
+        return self._starting_at(i)[1][j] if self._recomputes else 0
 
     def compute(self, i: int, j: int) -> float:
         work = (1.0 + self.settings.backward_factor) * self._work[i][j]
@@ -187,9 +207,7 @@ class ChainCosts:
         return self.compute(i, j) + self.recompute_time(i, j) + self.communication(j)
 
     def memory(self, stage: int, stages: int, i: int, j: int) -> float:
-        params = self._params[j + 1] - self._params[i] + self._replica_bytes(i, j)
-        if self._recomputes:
-            params += self._replica_params(i, j)
+        params = self._params[j + 1] - self._params[i] + self._replica_bytes(i, j) + self._replica_params(i, j)
         activations = self._activations[j + 1] - self._activations[i]
         return self.settings.state_copies * params + self.settings.in_flight(stage, stages) * activations
 

@@ -16,7 +16,7 @@ graph (facts read off the aten operator schemas, :func:`aten_facts`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -106,8 +106,3 @@ def aten_facts(graph: Graph) -> OpFacts:
             if aliased & set(spec.alias_info.before_set) and node not in base:
                 base[node] = arg
     return facts
-
-
-def nodes_reading(nodes: Iterable[Node]) -> set[Node]:
-    """Every node some node of ``nodes`` reads."""
-    return {source for node in nodes for source in node.all_input_nodes}

@@ -181,7 +181,7 @@ def launch(paths: list[Path], stages: int, warmup: int, steps: int) -> dict[str,
                str(Path(__file__).resolve()), "--worker", "--warmup", str(warmup), "--steps", str(steps),
                *map(str, paths)]
     result = subprocess.run(command, capture_output=True, text=True, env=env)
-    line = next((l for l in result.stdout.splitlines() if l.startswith("RESULT ")), None)
+    line = next((text for text in result.stdout.splitlines() if text.startswith("RESULT ")), None)
     if result.returncode or line is None:
         raise SystemExit(f"the pipelined runs failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
     return json.loads(line.removeprefix("RESULT "))

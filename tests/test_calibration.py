@@ -7,13 +7,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from t5_models import T5, config
 
 from partitioning.blocks import MicroBatch
 from partitioning.calibration import Calibration, role
 from partitioning.cli import main
 from partitioning.partition import Settings
 from partitioning.plan import Plan, PlanError
-from t5_models import T5, config
 
 CLASS = "T5ForConditionalGeneration"
 LAYERS = ("encoder.block", "decoder.block")

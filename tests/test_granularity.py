@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from t5_models import T5, config
 
 from partitioning import granularity as grain
 from partitioning.baselines import uniform_split
 from partitioning.blocks import MicroBatch
 from partitioning.partition import Settings, partition
 from partitioning.plan import PlanError
-from t5_models import T5, config
 
 MB = MicroBatch(2, {"source": 7, "target": 5})
 CLASS = "T5ForConditionalGeneration"

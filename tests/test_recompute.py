@@ -6,10 +6,12 @@ test_pipelining.py; here, everything that needs no process group.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import pytest
 import torch
+from hypothesis import given, settings as hypothesis_settings, strategies as st
 from torch.distributed.pipelining._IR import Pipe, annotate_split_points
 
 from partitioning.blocks import MicroBatch
@@ -161,7 +163,7 @@ def test_the_rewritten_split_replays_the_bias_and_computes_the_same_loss() -> No
     assert plan.stages[1].recompute == (ENCODER_BIAS,)
     pipe, done, example, model = _split(plan, cfg)
     split = pipe.split_gm
-    assert done.replayed == {1: [ENCODER_BIAS]} and [(l.sender, l.receiver) for l in done.links] == [(1, 0)]
+    assert done.replayed == {1: [ENCODER_BIAS]} and [(link.sender, link.receiver) for link in done.links] == [(1, 0)]
     received = [n.meta["val"].shape for n in split.submod_pp_1.graph.nodes if n.op == "placeholder"]
     assert torch.Size([2, 2, 7, 7]) not in received  # the bias is not sent
     held = dict(split.submod_pp_1.named_parameters())
@@ -199,3 +201,45 @@ def test_cli_defaults_recompute_the_position_bias_and_cut_inside_layers() -> Non
     by_name = {v.name: v for v in plan.values}
     assert "encoder.block.0.layer.0.SelfAttention:float32[8, 8, 512, 512]" in {by_name[n].key for n in plan.recomputed}
     assert max(s.send_bytes or 0 for s in plan.stages) < 11e6 < 75e6 < max(s.send_bytes or 0 for s in before.stages)
+
+
+@st.composite
+def _chains_with_values(draw: st.DrawFn) -> tuple[list[Block], list[Value], int, Settings]:
+    n = draw(st.integers(min_value=2, max_value=7))
+    blocks = [Block(f"b{i}", (f"m{i}",), float(draw(st.integers(0, 20))), draw(st.integers(0, 20)), 0) for i in range(n)]
+    values = []
+    for index in range(draw(st.integers(min_value=1, max_value=6))):
+        produced = draw(st.integers(0, n - 2))
+        uses = tuple(sorted(draw(st.sets(st.integers(produced + 1, n - 1), min_size=1, max_size=3))))
+        recompute = draw(st.none() | st.builds(
+            Recompute, flops=st.sampled_from([0.0, 1.0, 5.0]), bytes=st.sampled_from([0, 10]),
+            params=st.just(("p",)), param_bytes=st.sampled_from([0, 4]), grad=st.booleans()))
+        values.append(_value(f"v{index}", f"k{index % 3}", draw(st.integers(1, 30)), produced, uses, recompute))
+    settings = Settings(device_flops=draw(st.sampled_from([1.0, 2.0])), bandwidth=draw(st.sampled_from([1.0, 4.0])),
+                        memory_bandwidth=10.0, micro_batches=2)
+    return blocks, values, draw(st.integers(1, n)), settings
+
+
+@hypothesis_settings(max_examples=200, deadline=None)
+@given(_chains_with_values())
+def test_partition_with_recomputation_equals_brute_force_from_the_definitions(problem) -> None:  # type: ignore[no-untyped-def]
+    blocks, values, k, settings = problem
+    n, chosen = len(blocks), choose_recomputed(values, settings)
+    seconds = {v.name: recompute_seconds(v, settings) for v in values if v.name in chosen}
+
+    def stage_cost(i: int, j: int) -> float:
+        compute = 3.0 * sum(b.flops for b in blocks[i:j + 1]) / settings.device_flops
+        again = sum(seconds[v.name] for v in values if v.name in chosen and v.produced < i
+                    and any(i <= use <= j for use in v.uses))
+        sent = 0 if j == n - 1 else sum(v.bytes for v in values if v.name not in chosen and v.crosses(j))
+        return compute + again + sent / settings.bandwidth
+
+    best = None
+    for cuts in itertools.combinations(range(n - 1), k - 1):
+        ends = (*cuts, n - 1)
+        starts = (0, *(c + 1 for c in cuts))
+        bottleneck = max(stage_cost(i, j) for i, j in zip(starts, ends))
+        best = bottleneck if best is None else min(best, bottleneck)
+    plan = partition(blocks, k, settings, {}, values)
+    assert plan.bottleneck == pytest.approx(best, rel=1e-12, abs=1e-12)
+    assert set(plan.recomputed) == chosen
