@@ -154,7 +154,8 @@ def _plan(args: argparse.Namespace) -> tuple[str, Plan]:
                         micro_batches=args.micro_batches, schedule=args.schedule,
                         optimizer_states=args.optimizer_states, master_weights=args.master_weights,
                         measured=bool(args.measure), memory_bandwidth=args.memory_bandwidth * 1e9,
-                        recompute=not args.no_recompute)
+                        # PopTorch placement runs the model as traced: a value crossing IPUs is sent
+                        recompute=not args.no_recompute and args.target != "ipu")
     if calibration is not None:
         settings = calibration.settings(settings)
     model = family.build(class_name, config, args.device)
