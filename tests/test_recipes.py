@@ -51,7 +51,8 @@ def test_the_t5_recipe_loads_with_typed_options() -> None:
 def test_misspelled_top_level_key() -> None:
     assert error_of(HEAD + 'clases = ["Toy"]\n') == (
         "recipe toy.toml: clases: unknown key (did you mean classes?); "
-        "known: family, package, source, classes, support, versions, transforms, model, pipeline, shapes")
+        "known: family, package, source, classes, support, support_versions, versions, transforms, model, pipeline, "
+            "shapes")
 
 
 def test_misspelled_option_key() -> None:
@@ -70,7 +71,7 @@ def test_misspelled_nested_option_key() -> None:
 def test_misspelled_key_in_a_list_of_tables() -> None:
     text = T5_TOML.replace('reason = "attention_mask must be (batch, seq_len)"',
                            'raison = "attention_mask must be (batch, seq_len)"')
-    assert error_of(text).startswith("recipe toy.toml: transform specialize_arguments: facts[0].raison: unknown key")
+    assert error_of(text).startswith("recipe toy.toml: transform specialize_arguments: facts[6].raison: unknown key")
 
 
 @pytest.mark.parametrize(("old", "new", "expected"), [
@@ -79,7 +80,7 @@ def test_misspelled_key_in_a_list_of_tables() -> None:
     ('weight = "shared_embed_weight"', "weight = 3", "transform shared_weight: weight: expected a string, not int 3"),
     ('use_cache = "False"', "use_cache = false", "constants.use_cache: expected a string, not bool False"),
     ('output_attentions = "False"', 'output_attentions = "f(x)"', "'f(x)' is not a literal constant"),
-    ('name = "hoist_modules"', 'name = "hoist_module"', "transforms[6]: name: unknown transform 'hoist_module'"),
+    ('name = "hoist_modules"', 'name = "hoist_module"', "transforms[10]: name: unknown transform 'hoist_module'"),
     ('parameter = "shared_embedding"\n', "", "transform shared_weight: parameter: missing (required)"),
     ('calls = { "self.encoder" = "T5Stack" }', 'calls = { "self.encoder" = "T5Stak" }',
      "transform shared_weight: forwards.T5EncoderModel.calls: self.encoder runs T5Stak, which has no forwards entry"),

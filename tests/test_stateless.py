@@ -139,7 +139,7 @@ def test_optimizer_steps_keep_every_use_identical(config_name: str) -> None:
 # -- tracing -------------------------------------------------------------------------
 
 def shared_uses_in_fx(module: nn.Module, kwargs: dict) -> int:
-    from test_t5_tracing import fx_trace
+    from model_checks import fx_trace
     graph = fx_trace(module, kwargs).graph
     nodes = [n for n in graph.nodes if n.op == "get_attr" and n.target == "shared_embed_weight"]
     assert len(nodes) == 1, "the shared weight must be one graph input"
@@ -313,3 +313,24 @@ def test_a_nested_holder_that_no_user_is_goes_and_comes_back_in_its_place() -> N
     stateless.make_stateful(model)
     assert model.model.shared.weight is parameter and model.model.decoder.embed_tokens is model.model.shared
     assert list(model.model._modules) == ["shared", "encoder", "decoder"]
+@pytest.mark.parametrize("copy_with", ["torch.save", "deepcopy"])
+def test_a_stateless_model_pickles_and_keeps_loading_stock_keys(copy_with: str, tmp_path) -> None:
+    # before: torch.save(model) failed with "Can't pickle local object '_load_hf_keys.<locals>.hook'"
+    import copy
+    reference, converted = stateless_pair("T5ForConditionalGeneration", TIED)
+    if copy_with == "torch.save":
+        torch.save(converted, tmp_path / "model.pt")
+        restored = torch.load(tmp_path / "model.pt", weights_only=False)
+    else:
+        restored = copy.deepcopy(converted)
+    kwargs = call_kwargs("T5ForConditionalGeneration", inputs(True), "logits")
+    restored.eval(), converted.eval(), reference.eval()
+    with torch.no_grad():
+        assert torch.equal(restored(**kwargs), converted(**kwargs))
+    torch.manual_seed(7)
+    other = stock.T5ForConditionalGeneration(config(TIED))
+    restored.load_state_dict(other.state_dict(), strict=True)  # the HF-key hook survived the copy
+    assert torch.equal(restored.shared_embed_weight, other.shared.weight)
+    restored.make_stateful()
+    assert not restored._load_state_dict_pre_hooks  # and make_stateful still removes it
+    assert list(restored.state_dict()) == list(reference.state_dict())

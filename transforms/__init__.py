@@ -3,6 +3,8 @@
 from transforms.absolute_imports import AbsoluteImports
 from transforms.base import Transform
 from transforms.drop_decorators import DropDecorators
+from transforms.buffer_slices import BufferSlices
+from transforms.copy_definitions import CopyDefinitions
 from transforms.dropout_module import DropoutModule
 from transforms.dtype_branch import DtypeBranchLeaf
 from transforms.fp16_clamp import Fp16Clamp
@@ -14,11 +16,14 @@ from transforms.optional_imports import OptionalImports
 from transforms.override_inherited import OverrideInherited
 from transforms.prune_classes import PruneClasses
 from transforms.replace_bases import ReplaceBases
+from transforms.remove_classes import RemoveClasses
 from transforms.shared_weight import SharedWeight
 from transforms.shift_right import FunctionalShiftRight
 from transforms.single_output import SingleOutput
 from transforms.size_varargs import SizeVarargs
 from transforms.specialize_arguments import SpecializeArguments
+from transforms.sym_numbers import SymNumbers
+from transforms.torch_assert import TorchAssert
 
 REGISTRY: dict[str, type[Transform]] = {
     "absolute_imports": AbsoluteImports,
@@ -26,7 +31,9 @@ REGISTRY: dict[str, type[Transform]] = {
     "optional_imports": OptionalImports,
     "prune_classes": PruneClasses,
     "replace_bases": ReplaceBases,
+    "remove_classes": RemoveClasses,
     "override_inherited": OverrideInherited,
+    "copy_definitions": CopyDefinitions,
     "single_output": SingleOutput,
     "specialize_arguments": SpecializeArguments,
     "shared_weight": SharedWeight,
@@ -38,5 +45,8 @@ REGISTRY: dict[str, type[Transform]] = {
     "leaf_calls": LeafCalls,
     "item_assignment": ItemAssignment,
     "fp16_clamp": Fp16Clamp,
+    "torch_assert": TorchAssert,
+    "buffer_slices": BufferSlices,
+    "sym_numbers": SymNumbers,
     "none_checks": NoneChecks,
 }

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import builtins
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -11,11 +10,10 @@ import libcst.matchers as m
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 
-from transforms.analysis.names import bound_names, module_imports, names_read
-from transforms.analysis.syntax import all_params
-from transforms.base import SUPPORT_SOURCES, Transform, TransformError
-
-_BUILTINS = frozenset(dir(builtins)) | {"self"}
+from transforms.analysis.names import bound_names, names_read
+from transforms.base import Transform, TransformError
+from transforms.support import BUILTINS as _BUILTINS
+from transforms.support import Support, free_names
 
 
 @dataclass(frozen=True)
@@ -63,29 +61,22 @@ class OverrideInherited(Transform):
     def __init__(self, context: CodemodContext, options: OverrideOptions | None = None, /,
                  **values: object) -> None:
         super().__init__(context, options, **values)
-        source, from_class = self.options.source, self.options.from_class
-        supports = context.scratch.get(SUPPORT_SOURCES, {})
-        if source not in supports:
-            raise TransformError(f"support file {source} was not fetched (list it in the recipe)")
-        self.source = source
-        self.source_module = source.removesuffix(".py").replace("/", ".")
+        self.support = Support(context, self.options.source)
+        self.source = self.options.source
         self.into = self.options.into
-        self.from_class = from_class
+        self.from_class = from_class = self.options.from_class
         self.methods = list(self.options.methods)
-        self.support = cst.parse_module(supports[source])
-        self.support_imports = module_imports(self.support)
-        self.support_globals = _top_level_names(self.support)
-        found = {}
-        for statement in self.support.body:
-            if isinstance(statement, cst.ClassDef) and statement.name.value == from_class:
-                found = {f.name.value: f for f in statement.body.body if isinstance(f, cst.FunctionDef)}
+        self.support_globals = _top_level_names(self.support.tree)
+        holder = self.support.definition(from_class)
+        found = {} if not isinstance(holder, cst.ClassDef) else {
+            f.name.value: f for f in holder.body.body if isinstance(f, cst.FunctionDef)}
         missing = [name for name in self.methods if name not in found]
         if missing:
-            raise TransformError(f"{source} has no {from_class}.{', '.join(missing)}")
+            raise TransformError(f"{self.source} has no {from_class}.{', '.join(missing)}")
         self.copies = {name: self._adapted(found[name]) for name in self.methods}
 
     def _resolves(self, name: str) -> bool:
-        return name in _BUILTINS or name in self.support_imports or name in self.support_globals
+        return name in _BUILTINS or self.support.binding(name) is not None or name in self.support_globals
 
     def _adapted(self, method: cst.FunctionDef) -> cst.FunctionDef:
         """``method`` calling the copies of its siblings, without annotations that would not resolve here."""
@@ -110,26 +101,16 @@ class OverrideInherited(Transform):
         return method.with_changes(params=params.with_changes(**changes), returns=returns)
 
     def _schedule_imports(self, method: cst.FunctionDef) -> None:
-        params = all_params(method.params, starred=True)
-        # Annotations, defaults and decorators are evaluated in the module's scope,
-        # even where a parameter has the same name (`device: device`).
-        header: set[str] = set()
-        for node in [*(p.annotation for p in params), *(p.default for p in params), method.returns,
-                     *method.decorators]:
-            if node is not None:
-                header |= names_read(node)
-        body = names_read(method.body) - bound_names(method.body) - {p.name.value for p in params}
         taken = set(self.index.root.bindings)
-        for name in sorted((header | body) - _BUILTINS - {self.into}):
-            if name in self.support_imports:
-                module, obj = self.support_imports[name]
-                AddImportsVisitor.add_needed_import(self.context, module, obj)
+        module = self.support.module_name
+        for name in sorted(free_names(method) - _BUILTINS - {self.into}):
+            if self.support.binding(name) is not None:
+                self.support.add_import(self.context, name)
             elif name in self.support_globals:
-                if name in taken and self.index.qualified_names_in(self.index.root, name) != {
-                        f"{self.source_module}.{name}"}:
+                if name in taken and self.index.qualified_names_in(self.index.root, name) != {f"{module}.{name}"}:
                     raise TransformError(f"{self.from_class}.{method.name.value} uses {name}, which {self.source} "
                                          f"defines and this module binds to something else")
-                AddImportsVisitor.add_needed_import(self.context, self.source_module, name)
+                AddImportsVisitor.add_needed_import(self.context, module, name)
             else:
                 raise TransformError(f"{self.from_class}.{method.name.value} uses {name}, which {self.source} "
                                      f"neither defines nor imports; cannot copy it")

@@ -16,8 +16,9 @@ from transforms.analysis.literals import is_constant, literal_value
 from transforms.analysis.liveness import Liveness
 from transforms.analysis.names import bound_names, module_imports
 from transforms.analysis.propagation import FunctionFolder, Unsupported
-from transforms.analysis.syntax import all_params, children, drop_items, indented, is_docstring, root_name
-from transforms.base import Transform
+from transforms.analysis.purity import is_pure
+from transforms.analysis.syntax import all_params, children, code_of, drop_items, indented, is_docstring, root_name
+from transforms.base import Transform, TransformError
 from transforms.options import OptionError
 
 
@@ -44,16 +45,25 @@ class FactOptions:
     value: str
     reason: str | None = None  # the guard's message; default: "assumed <expression> == <value>"
     guard: bool = True  # false: no runtime check (the reason must then say why the fact holds)
+    # The condition the guard asserts, where the default form does not fit every tracer: a plain
+    # Python value (module state such as self.model_parallel) is best checked with `not`.
+    check: str | None = None
 
     def __post_init__(self) -> None:
         _expression("expression", self.expression)
         _constant("value", self.value)
+        if self.check is not None:
+            _expression("check", self.check)
         if not self.guard and not self.reason:
             raise OptionError("reason", f"an unguarded fact ({self.expression}) needs the reason it holds")
+        if not self.guard and self.check is not None:
+            raise OptionError("check", f"an unguarded fact ({self.expression}) has no check")
 
     def fact(self) -> Fact:
         reason = self.reason if self.reason is not None else f"assumed {self.expression} == {self.value}"
-        return Fact(cst.parse_expression(self.expression), cst.parse_expression(self.value), reason, self.guard)
+        check = cst.parse_expression(self.check) if self.check is not None else None
+        return Fact(cst.parse_expression(self.expression), cst.parse_expression(self.value), reason, check,
+                    guarded=self.guard)
 
 
 @dataclass(frozen=True)
@@ -160,6 +170,16 @@ class SpecializeArguments(Transform):
             return_dict = False
             return (x,)
 
+    A call into this module (``self.method(...)`` of the same class, or a
+    module-level function) that passes a removed parameter positionally loses
+    that argument too, so every local call still matches its callee::
+
+        def _attn(self, q, k, head_mask=None, output_attentions=False):   # before
+        ...     self._attn(q, k, head_mask, output_attentions)
+
+        def _attn(self, q, k):                                             # after
+        ...     self._attn(q, k)
+
     ``pure_methods`` names methods whose calls may be dropped when their
     result is unused (e.g. ``get_head_mask``).
     """
@@ -221,12 +241,20 @@ class SpecializeArguments(Transform):
             drops = set()
             positional = True
             for position, arg in enumerate(call.args):
-                if arg.star:
+                if arg.star == "*":
+                    if positional and any(p.name.value in removed for p in parameters[position:]):
+                        raise TransformError(f"`{code_of(call)}`: a starred argument may fill a parameter "
+                                             f"the specialization removes")
                     positional = False  # after a * the positions are unknown
+                elif arg.star:
+                    continue
                 elif arg.keyword is not None:
                     if arg.keyword.value in removed:
                         drops.add(position)
                 elif positional and position < len(parameters) and parameters[position].name.value in removed:
+                    if not is_pure(arg.value, self.pure_methods):
+                        raise TransformError(f"`{code_of(call)}`: cannot drop the argument "
+                                             f"`{code_of(arg.value)}`, it may have effects")
                     drops.add(position)
             self._resolved[id(call)] = drops
             if drops:

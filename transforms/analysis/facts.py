@@ -44,13 +44,14 @@ class Fact:
     """
 
     def __init__(self, expression: cst.BaseExpression, value: cst.BaseExpression, reason: str,
-                 guarded: bool = True) -> None:
+                 check: cst.BaseExpression | None = None, *, guarded: bool = True) -> None:
         if not is_constant(value):
             raise ValueError(f"fact {code_of(expression)} = {code_of(value)}: the value is not a literal constant")
         self.expression = expression
         self.value = value
         self.reason = reason
         self.guarded = guarded
+        self.check = check  # the guard's condition, when given; else derived from expression and value
         self.names = names_read(expression)
 
     def guard(self) -> cst.SimpleStatementLine:
@@ -59,12 +60,16 @@ class Fact:
         ``not x`` would force a Proxy to bool under fx, ``x == False`` is
         unsupported on export's symbolic booleans, and strict export cannot
         trace ``torch.sym_not`` of a plain bool: a false comparison is guarded
-        by its inverse, anything else by ``torch.sym_not``.
+        by its inverse, anything else by ``torch.sym_not``.  A recipe's own
+        ``check`` replaces the derived condition (``not self.model_parallel``:
+        module state is a plain value under every tracer).
         """
         subject = self.expression.deep_clone()
         value = literal_value(self.value)
-        if value is True:
-            check: cst.BaseExpression = subject
+        if self.check is not None:
+            check: cst.BaseExpression = self.check.deep_clone()
+        elif value is True:
+            check = subject
         elif value is False and isinstance(subject, cst.Comparison) and _invertible(subject):
             target = subject.comparisons[0]
             inverse = _INVERSE[type(target.operator)]()
@@ -118,7 +123,7 @@ class FactRewriter(cst.CSTTransformer):
     def on_visit(self, node: cst.CSTNode) -> bool:
         if isinstance(node, cst.Call) and node.func.deep_equals(_ASSERT_CALL):
             return False
-        if isinstance(node, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.Del)):
+        if isinstance(node, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.Del)):
             self.written.add(id(node.target))
         if isinstance(node, cst.If) and isinstance(node.orelse, cst.If):
             self.elifs.add(id(node.orelse))
