@@ -2,9 +2,9 @@
 
 from transforms.absolute_imports import AbsoluteImports
 from transforms.base import Transform
-from transforms.drop_decorators import DropDecorators
 from transforms.buffer_slices import BufferSlices
 from transforms.copy_definitions import CopyDefinitions
+from transforms.drop_decorators import DropDecorators
 from transforms.dropout_module import DropoutModule
 from transforms.dtype_branch import DtypeBranchLeaf
 from transforms.fp16_clamp import Fp16Clamp
@@ -15,8 +15,8 @@ from transforms.none_checks import NoneChecks
 from transforms.optional_imports import OptionalImports
 from transforms.override_inherited import OverrideInherited
 from transforms.prune_classes import PruneClasses
-from transforms.replace_bases import ReplaceBases
 from transforms.remove_classes import RemoveClasses
+from transforms.replace_bases import ReplaceBases
 from transforms.shared_weight import SharedWeight
 from transforms.shift_right import FunctionalShiftRight
 from transforms.single_output import SingleOutput
