@@ -4,8 +4,9 @@ costing, the partitioner and every placement backend)."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -104,19 +105,103 @@ class Plan:
             raise PlanError("the stages must cover every block once, in chain order, with no empty stage")
 
     def to_json(self) -> str:
+        ratio = self.ratio
         data = {"model": self.model, "settings": self.settings,
                 "blocks": [asdict(b) for b in self.blocks], "stages": [asdict(s) for s in self.stages],
-                "bottleneck": self.bottleneck, "ideal": self.ideal, "ratio": self.ratio}
-        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+                "bottleneck": self.bottleneck, "ideal": self.ideal,
+                "ratio": ratio if math.isfinite(ratio) else None}  # JSON has no Infinity
+        try:
+            return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
+        except ValueError:
+            raise PlanError("the plan holds a number that is not finite (NaN or infinity): check the machine "
+                            "settings it was made for") from None
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
+        """A plan as :meth:`to_json` wrote it; anything else (a hand edit gone wrong) is one line naming the field."""
         try:
-            data = json.loads(text)
-            blocks = [Block(**{**b, "modules": tuple(b["modules"]), "shared": tuple(b.get("shared", ())),
-                                "crossing": tuple(b.get("crossing", ()))})
-                      for b in data["blocks"]]
-            stages = [Stage(**{**s, "blocks": tuple(s["blocks"])}) for s in data["stages"]]
-        except (ValueError, KeyError, TypeError) as exc:
+            data = json.loads(text, parse_constant=_not_a_number)
+        except ValueError as exc:
             raise PlanError(f"not a plan file: {exc}") from None
-        return cls(data["model"], blocks, stages, data.get("settings", {}))
+        check = _Fields("plan")
+        data = check.table(data, "", ("model", "blocks", "stages"))
+        model = check.table(data["model"], "model")
+        settings = check.table(data.get("settings", {}), "settings")
+        blocks = []
+        for index, raw in enumerate(check.items(data["blocks"], "blocks")):
+            where = f"blocks[{index}]"
+            raw = check.table(raw, where, ("name", "modules", "flops", "param_bytes", "out_bytes"))
+            unknown = sorted(set(raw) - {f.name for f in fields(Block)})
+            if unknown:
+                raise PlanError(f"not a plan file: {where} has an unknown field {unknown[0]!r}")
+            seconds = raw.get("seconds")
+            blocks.append(Block(
+                name=check.text(raw["name"], f"{where}.name"), modules=check.texts(raw["modules"], f"{where}.modules"),
+                flops=check.number(raw["flops"], f"{where}.flops"),
+                param_bytes=check.count(raw["param_bytes"], f"{where}.param_bytes"),
+                out_bytes=check.count(raw["out_bytes"], f"{where}.out_bytes"),
+                activation_bytes=check.count(raw.get("activation_bytes", 0), f"{where}.activation_bytes"),
+                seconds=None if seconds is None else check.number(seconds, f"{where}.seconds"),
+                shared=check.texts(raw.get("shared", []), f"{where}.shared", empty=True),
+                crossing=check.texts(raw.get("crossing", []), f"{where}.crossing", empty=True)))
+        stages = []
+        for index, raw in enumerate(check.items(data["stages"], "stages")):
+            where = f"stages[{index}]"
+            raw = check.table(raw, where, ("index", "blocks", "compute", "communication", "memory_bytes"))
+            unknown = sorted(set(raw) - {f.name for f in fields(Stage)})
+            if unknown:
+                raise PlanError(f"not a plan file: {where} has an unknown field {unknown[0]!r}")
+            stages.append(Stage(index=check.count(raw["index"], f"{where}.index"),
+                                blocks=check.texts(raw["blocks"], f"{where}.blocks"),
+                                compute=check.number(raw["compute"], f"{where}.compute"),
+                                communication=check.number(raw["communication"], f"{where}.communication"),
+                                memory_bytes=check.count(raw["memory_bytes"], f"{where}.memory_bytes")))
+        return cls(model, blocks, stages, settings)
+
+
+def _not_a_number(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+class _Fields:
+    """Typed reads of a plan file: each failure names the field, the way a user would look for it."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def fail(self, where: str, expected: str, value: Any) -> PlanError:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        return PlanError(f"not a {self.what} file: {where or 'the top level'} must be {expected}, got {shown}")
+
+    def table(self, value: Any, where: str, required: Sequence[str] = ()) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(where, "a JSON object", value)
+        for key in required:
+            if key not in value:
+                raise PlanError(f"not a {self.what} file: {where + '.' if where else ''}{key} is missing")
+        return value
+
+    def items(self, value: Any, where: str) -> list[Any]:
+        if not isinstance(value, list) or not value:
+            raise self.fail(where, "a non-empty list", value)
+        return value
+
+    def text(self, value: Any, where: str) -> str:
+        if not isinstance(value, str) or not value:
+            raise self.fail(where, "a non-empty string", value)
+        return value
+
+    def texts(self, value: Any, where: str, empty: bool = False) -> tuple[str, ...]:
+        if not isinstance(value, list) or not (value or empty):
+            raise self.fail(where, "a list of strings", value)
+        return tuple(self.text(item, f"{where}[{i}]") for i, item in enumerate(value))
+
+    def number(self, value: Any, where: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise self.fail(where, "a finite number >= 0", value)
+        return float(value)
+
+    def count(self, value: Any, where: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise self.fail(where, "an integer >= 0", value)
+        return value
