@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
@@ -88,9 +89,15 @@ def _launch(plan: Path, stages: int, steps: int) -> None:
     torchrun runs in its own session, so an interrupt here (Ctrl-C, SIGTERM)
     stops it and every rank before partition-model exits.
     """
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={stages}",
-               "-m", "partitioning.train", "--plan", str(plan), "--steps", str(steps)]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    # torchrun keeps its logs (and the ranks their temporaries) in a directory it never removes: give it one of ours.
+    with tempfile.TemporaryDirectory(prefix="partition-model-run-") as scratch:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={stages}",
+                   "--log-dir", scratch, "-m", "partitioning.train", "--plan", str(plan), "--steps", str(steps)]
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TMPDIR": scratch}
+        _torchrun(command, env)
+
+
+def _torchrun(command: list[str], env: dict[str, str]) -> None:
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                              start_new_session=True)
     tail: list[str] = []
@@ -129,6 +136,8 @@ def _stop(child: subprocess.Popen[str]) -> None:
 
 def _failure(tail: list[str]) -> str:
     """The line of torchrun's output that says why a rank failed (its summary names the rank and the cause)."""
+    roots = [i for i, line in enumerate(tail) if line.startswith("Root Cause")]
+    tail = tail[roots[-1]:] if roots else tail  # the first failure, not the ranks torchrun stopped because of it
     rank = next((line.split(":", 1)[1].strip() for line in tail if line.strip().startswith("rank ")), None)
     cause = next((line.split(":", 1)[1].strip() for line in tail if line.strip().startswith("traceback ")), None)
     if cause and "To enable traceback" not in cause:

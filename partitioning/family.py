@@ -22,7 +22,7 @@ from converter.recipes import load_recipes
 from partitioning.blocks import MicroBatch, accepted, build_model, chain_specs, import_class, make_inputs
 from partitioning.costing import BlockSpec, Chain, cost_chain
 from partitioning.plan import PlanError
-from partitioning.shapes import config_file_kwargs, make_config, unknown_keys
+from partitioning.shapes import check_config_values, config_file_kwargs, make_config, unknown_keys
 
 GENERATED = "generated_models"  # convert-model's default output root, an importable package
 
@@ -87,7 +87,9 @@ class ModelFamily:
         if shape is not None and config_file is not None:
             raise PlanError("give a shape name or a config file, not both")
         if config_file is not None:
-            return make_config(self.definition.config_path, config_file_kwargs(config_file))
+            kwargs = config_file_kwargs(config_file)
+            check_config_values(self.definition.config_path, kwargs, self.sizes(), f"config {config_file}")
+            return make_config(self.definition.config_path, kwargs)
         shape = shape or self.definition.default_shape
         if shape not in self.definition.shapes:
             raise PlanError(f"unknown shape {shape!r}; known: {', '.join(self.definition.shapes)}")
@@ -97,6 +99,13 @@ class ModelFamily:
             raise PlanError(f"shape {shape} of the {self.name} recipe sets {unknown[0]!r}, which "
                             f"{self.definition.config_class} does not have")
         return make_config(self.definition.config_path, kwargs)
+
+    def sizes(self) -> list[str]:
+        """Config keys every named shape sets to a positive integer (layer counts, widths, vocabulary...): a config
+        file must too."""
+        shapes = list(self.definition.shapes.values())
+        return [key for key in shapes[0] if all(isinstance(shape.get(key), int) and not isinstance(shape.get(key), bool)
+                                                and shape[key] > 0 for shape in shapes)]
 
     def micro_batch(self, batch: int, lengths: Mapping[str, int] | None = None) -> MicroBatch:
         """``batch`` sequences of the family's lengths: those given, the family's defaults for the rest."""

@@ -19,7 +19,9 @@ from typing import Any
 
 from converter.atomic import write_all_atomic
 from converter.fetch import read_capped
-from partitioning.plan import PlanError
+from partitioning.plan import Plan, PlanError
+
+MAX_PLAN_BYTES = 16 << 20
 
 
 def read_text(path: Path, what: str, limit: int) -> str:
@@ -56,6 +58,11 @@ def read_json_object(path: Path, what: str, limit: int) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise PlanError(f"{what} {path} must be a JSON object, not {type(data).__name__}")
     return data
+
+
+def read_plan(path: Path) -> Plan:
+    """A plan file a user names (read capped, checked field by field)."""
+    return Plan.from_json(read_text(path, "plan", MAX_PLAN_BYTES))
 
 
 def check_destinations(paths: Mapping[str, Path]) -> None:

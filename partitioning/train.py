@@ -22,6 +22,7 @@ from converter.errors import ConvertError
 from converter.family import InputSpec
 from partitioning.blocks import MicroBatch, make_inputs
 from partitioning.family import ModelFamily
+from partitioning.files import read_plan
 from partitioning.pipelining import TIED_SUMS, PipelineRun
 from partitioning.plan import Plan, PlanError
 from partitioning.shapes import make_config
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     backend, device = _device()
     dist.init_process_group(backend)
     try:
-        plan = Plan.from_json(args.plan.read_text())
+        plan = read_plan(args.plan)
         for line in train(plan, args.steps, args.lr, args.seed, args.tied_sum, device):
             print(line, flush=True)
     except (PlanError, OSError) as exc:

@@ -18,7 +18,7 @@ from typing import Any
 
 from converter.family import FamilyDefinition, PublishedLayout
 from partitioning.arguments import positive_int
-from partitioning.files import check_destinations, read_text, write_outputs
+from partitioning.files import check_destinations, read_plan, write_outputs
 from partitioning.ipu.codegen import render
 from partitioning.ipu.config import IPUConfig
 from partitioning.ipu.errors import IPUError
@@ -30,7 +30,6 @@ from partitioning.report import report_error
 
 DEFAULT_CODE = Path("ipu_parallelize.py")
 DEFAULT_OPTIONS = Path("poptorch_options.conf")
-MAX_PLAN_BYTES = 16 << 20
 
 
 def add_ipu_arguments(parser: argparse.ArgumentParser) -> None:
@@ -99,11 +98,6 @@ def ipu_config(args: argparse.Namespace, definition: FamilyDefinition | None, pl
             raise IPUError(f"{name} lists {len(value)} values for {ipus} IPUs: give one per IPU"
                            + (" or a single number" if name == "available_memory_proportion" else ""))
     return config
-
-
-def read_plan(path: Path) -> Plan:
-    """A plan file a user names (read capped, checked field by field)."""
-    return Plan.from_json(read_text(path, "plan", MAX_PLAN_BYTES))
 
 
 def _model_field(plan: Plan, key: str, required: bool = True) -> Any:
