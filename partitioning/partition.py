@@ -38,14 +38,16 @@ class Settings:
     measured: bool = False  # cost compute with the blocks' measured seconds instead of FLOPs
 
     def __post_init__(self) -> None:
-        if not self.device_flops > 0 or not self.bandwidth > 0:
-            raise PlanError("device FLOP/s and bandwidth must be positive")
+        # Finite too: the flags are finite, but TFLOP/s x 1e12 can overflow to infinity, which JSON cannot hold.
+        if not 0 < self.device_flops < math.inf or not 0 < self.bandwidth < math.inf:
+            raise PlanError(f"device FLOP/s ({self.device_flops:g}) and bandwidth ({self.bandwidth:g} B/s) must be "
+                            f"finite and positive")
         if self.micro_batches < 1:
             raise PlanError(f"micro-batches must be at least 1, got {self.micro_batches}")
         if self.schedule not in SCHEDULES:
             raise PlanError(f"unknown schedule {self.schedule!r}; known: {', '.join(SCHEDULES)}")
-        if self.memory_limit is not None and not self.memory_limit > 0:
-            raise PlanError(f"the memory limit must be positive, got {self.memory_limit}")
+        if self.memory_limit is not None and not 0 < self.memory_limit < math.inf:
+            raise PlanError(f"the memory limit must be finite and positive, got {self.memory_limit:g} bytes")
         if self.optimizer_states < 0:
             raise PlanError(f"optimizer states must be >= 0, got {self.optimizer_states}")
 

@@ -107,7 +107,7 @@ def test_a_config_of_another_model_type_is_one_line(work: Path, capsys) -> None:
 
 @pytest.mark.parametrize("make, expected", [
     (lambda work: "/dev/zero", "not a regular file"),  # read without a cap
-    (lambda work: str(work), "Is a directory"),
+    (lambda work: str(work), "is a directory"),
     (lambda work: (work / "x.json").write_bytes(b"\xff\xfe{}") and "x.json", "is not UTF-8 text"),
     (lambda work: (work / "x.json").write_bytes(b" " * (1 << 21)) and "x.json", "larger than 1024 KiB"),
     (lambda work: (work / "x.json").write_text("[1]") and "x.json", "must be a JSON object, not list"),
@@ -218,17 +218,24 @@ def test_all_outputs_of_a_command_are_one_write(work: Path, capsys, monkeypatch:
     assert not [name for name in files(work) if is_temporary(Path(name).name)]
 
 
+def test_numbers_that_overflow_once_scaled_are_refused_before_costing(work: Path, capsys, costing_fails) -> None:
+    # Before: --device-flops inf gave exit 0 and Infinity in plan.json; 1e308 TFLOP/s is finite but not x 1e12.
+    rejected(tiny("--stages", "2", "--device-flops", "1e308"), work, capsys, "must be finite and positive")
+    rejected(tiny("--stages", "2", "--memory-gb", "1e300"), work, capsys, "the memory limit must be")
+
+
 def test_the_plan_file_is_json_whatever_the_numbers(work: Path, capsys) -> None:
-    # Before: --device-flops inf gave exit 0 and Infinity in plan.json.
-    assert cli.main(tiny("--stages", "2", "--device-flops", "1e308")) == 0
+    assert cli.main(tiny("--stages", "2", "--device-flops", "1e-290", "--bandwidth", "1e-290")) == 0
     data = json.loads((work / "plan.json").read_text(), parse_constant=lambda name: pytest.fail(name))
-    assert data["stages"][0]["compute"] >= 0
+    assert data["stages"][0]["compute"] > 1e200
 
 
 # -- a plan file given to --ipu-plan (or edited by hand) --------------------------------------------------------------
 
 def plan_data() -> dict:
-    return json.loads(t5_plan(t5("stateless"), 4, "stateless").to_json())
+    data = json.loads(t5_plan(t5("stateless"), 4, "stateless").to_json())
+    data["model"]["config"] = {"tie_word_embeddings": True}  # as partition-model records it
+    return data
 
 
 def _edit(data: dict, path: str, value: object) -> dict:
