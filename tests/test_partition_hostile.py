@@ -323,7 +323,10 @@ def _ranks(plan: Path) -> dict[int, int]:
 def _run(work: Path) -> tuple[subprocess.Popen[str], dict[int, int], Path]:
     scratch = work.parent / "tmp"
     scratch.mkdir()
-    env = {**os.environ, "TMPDIR": str(scratch), "PYTHONPATH": str(REPO)}
+    # torch keeps its compile cache under $TMPDIR/torchinductor_$USER, created on import and reused by every torch
+    # process: not a leftover of this run, so it goes elsewhere and scratch holds only what partition-model makes.
+    env = {**os.environ, "TMPDIR": str(scratch), "PYTHONPATH": str(REPO),
+           "TORCHINDUCTOR_CACHE_DIR": str(work.parent / "inductor")}
     plan = work / "plan.json"
     child = partition_model(tiny("--stages", "2", "--run", "--run-steps", "100000", "--output", str(plan)), work,
                             env=env)
