@@ -431,7 +431,11 @@ def _config_values(reader: _Reader, values: Any, where: str) -> dict[str, Any]:
 
 def _shared_weights(reader: _Reader, steps: Any,
                     classes: Mapping[str, ClassInfo]) -> dict[str, tuple[SharedWeight, ...]]:
-    """Per class, the weights the recipe's ``shared_weight`` steps plumb: their users, tied linear and its flag."""
+    """Per class, the weights the recipe's ``shared_weight`` steps plumb: their users, tied linear and its flag.
+
+    A step's ``models`` are the classes owning the weight (each with its ``shared`` module, ``users``
+    and tied linear); its ``forwards`` only say how the weight travels inside them.
+    """
     found: dict[str, list[SharedWeight]] = {name: [] for name in classes}
     for index, step in enumerate(steps if isinstance(steps, list) else []):
         if not isinstance(step, dict) or step.get("name") != "shared_weight":
@@ -440,15 +444,13 @@ def _shared_weights(reader: _Reader, steps: Any,
         models = step.get("models")
         if not isinstance(models, dict):
             raise reader.fail(f"{where}: models must be a table of classes")
+        weight = reader.string(step.get("weight"), f"{where}: weight", _IDENTIFIER, "a parameter name")
         for class_name, options in models.items():
             if class_name not in classes:
                 raise reader.fail(f"{where}: models.{class_name} is not one of the recipe's classes")
             if not isinstance(options, dict):
                 raise reader.fail(f"{where}: models.{class_name} must be a table")
-            # A class may name its own shared module and weight (where its base model nests them).
-            module = reader.path(options.get("shared", step.get("shared")), f"{where}: shared")
-            weight = reader.string(options.get("weight", step.get("weight")), f"{where}: weight", _IDENTIFIER,
-                                   "a parameter name")
+            module = reader.path(options.get("shared"), f"{where}: models.{class_name}.shared")
             users = reader.paths(options.get("users"), f"{where}: models.{class_name}.users")
             tied_linear = options.get("tied_linear")
             tied_config = None

@@ -52,6 +52,68 @@ def block_layers(block: Block, layer_lists: Sequence[str]) -> list[str]:
     return layers
 
 
+def layer_of(module: str, layer_lists: Sequence[str]) -> str | None:
+    """The layer (item of a layer list) that ``module`` is or lies inside: a sub-layer's layer."""
+    for layers in layer_lists:
+        head, dot, rest = module.partition(layers + ".")
+        index = rest.split(".")[0]
+        if not head and dot and index.isdigit():
+            return f"{layers}.{index}"
+    return None
+
+
+def value_key(module: str, dtype: str, shape: Sequence[int]) -> str:
+    """How a backend finds a crossing value in its own trace: the module computing it, its dtype and shape."""
+    return f"{module}:{dtype}{list(shape)}"
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """What a receiving stage needs to recompute a crossing value instead of receiving it.
+
+    The value's *slice* (the nodes computing it from parameters, buffers,
+    constants and model inputs) is deterministic and can be replayed there.
+    ``grad``: the value depends on trainable parameters, so its gradient
+    must still reach them (the backend sends it back to the producing stage).
+    """
+
+    flops: float  # forward FLOPs of the slice
+    bytes: int  # bytes the slice writes (views excluded): its memory traffic
+    params: tuple[str, ...] = ()  # parameters and buffers the slice reads
+    param_bytes: int = 0
+    inputs: tuple[tuple[str, int], ...] = ()  # model inputs the slice reads, with their bytes
+    grad: bool = False
+
+
+@dataclass(frozen=True)
+class Value:
+    """A tensor live across at least one cut of the block chain (produced in one block, read in a later one)."""
+
+    name: str  # node name in the costing trace
+    key: str  # value_key(): module, dtype, shape
+    bytes: int
+    produced: int  # index of the block computing it (model inputs: 0)
+    uses: tuple[int, ...]  # indices of the blocks reading it, ascending
+    recompute: Recompute | None = None  # None: must be sent (random, written in place, or not a single tensor)
+    input: bool = False  # a model input carried through the pipeline
+
+    @property
+    def last_use(self) -> int:
+        return self.uses[-1]
+
+    def crosses(self, cut: int) -> bool:
+        """Live across the cut right after block ``cut``."""
+        return self.produced <= cut < self.last_use
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Value:
+        recompute = data.get("recompute")
+        if recompute is not None:
+            recompute = Recompute(**{**recompute, "params": tuple(recompute.get("params", ())),
+                                     "inputs": tuple((str(n), int(b)) for n, b in recompute.get("inputs", ()))})
+        return cls(**{**data, "uses": tuple(data["uses"]), "recompute": recompute})
+
+
 @dataclass(frozen=True)
 class Stage:
     index: int
@@ -59,10 +121,13 @@ class Stage:
     compute: float  # predicted seconds per micro-batch, forward + backward
     communication: float  # predicted seconds to send this stage's output
     memory_bytes: int
+    recompute: tuple[str, ...] = ()  # keys of the values this stage recomputes instead of receiving
+    recompute_time: float = 0.0  # predicted seconds per micro-batch to recompute them
+    send_bytes: int | None = None  # bytes sent over the outgoing cut per micro-batch (None: plans before recompute)
 
     @property
     def cost(self) -> float:
-        return self.compute + self.communication
+        return self.compute + self.recompute_time + self.communication
 
 
 @dataclass
@@ -71,6 +136,8 @@ class Plan:
     blocks: list[Block]
     stages: list[Stage]
     settings: dict[str, Any] = field(default_factory=dict)  # bandwidth, memory limit, schedule...
+    values: list[Value] = field(default_factory=list)  # every tensor crossing a cut of the chain
+    recomputed: list[str] = field(default_factory=list)  # names of the values receiving stages recompute
 
     @property
     def bottleneck(self) -> float:
@@ -108,6 +175,7 @@ class Plan:
         ratio = self.ratio
         data = {"model": self.model, "settings": self.settings,
                 "blocks": [asdict(b) for b in self.blocks], "stages": [asdict(s) for s in self.stages],
+                "values": [asdict(v) for v in self.values], "recomputed": list(self.recomputed),
                 "bottleneck": self.bottleneck, "ideal": self.ideal,
                 "ratio": ratio if math.isfinite(ratio) else None}  # JSON has no Infinity
         try:
@@ -155,8 +223,45 @@ class Plan:
                                 blocks=check.texts(raw["blocks"], f"{where}.blocks"),
                                 compute=check.number(raw["compute"], f"{where}.compute"),
                                 communication=check.number(raw["communication"], f"{where}.communication"),
-                                memory_bytes=check.count(raw["memory_bytes"], f"{where}.memory_bytes")))
-        return cls(model, blocks, stages, settings)
+                                memory_bytes=check.count(raw["memory_bytes"], f"{where}.memory_bytes"),
+                                recompute=check.texts(raw.get("recompute", []), f"{where}.recompute", empty=True),
+                                recompute_time=check.number(raw.get("recompute_time", 0.0), f"{where}.recompute_time"),
+                                send_bytes=None if raw.get("send_bytes") is None
+                                else check.count(raw["send_bytes"], f"{where}.send_bytes")))
+        values = [_value(check, raw, f"values[{index}]") for index, raw in enumerate(check.sequence(data.get("values", []),
+                                                                                                 "values"))]
+        recomputed = list(check.texts(data.get("recomputed", []), "recomputed", empty=True))
+        return cls(model, blocks, stages, settings, values, recomputed)
+
+
+def _value(check: _Fields, raw: Any, where: str) -> Value:
+    raw = check.table(raw, where, ("name", "key", "bytes", "produced", "uses"))
+    unknown = sorted(set(raw) - {f.name for f in fields(Value)})
+    if unknown:
+        raise PlanError(f"not a plan file: {where} has an unknown field {unknown[0]!r}")
+    recompute = raw.get("recompute")
+    if recompute is not None:
+        at = f"{where}.recompute"
+        recompute = check.table(recompute, at, ("flops", "bytes"))
+        unknown = sorted(set(recompute) - {f.name for f in fields(Recompute)})
+        if unknown:
+            raise PlanError(f"not a plan file: {at} has an unknown field {unknown[0]!r}")
+        inputs = []
+        for index, pair in enumerate(check.sequence(recompute.get("inputs", []), f"{at}.inputs")):
+            if not (isinstance(pair, list) and len(pair) == 2):
+                raise check.fail(f"{at}.inputs[{index}]", "a [name, bytes] pair", pair)
+            inputs.append((check.text(pair[0], f"{at}.inputs[{index}][0]"),
+                           check.count(pair[1], f"{at}.inputs[{index}][1]")))
+        recompute = Recompute(flops=check.number(recompute["flops"], f"{at}.flops"),
+                              bytes=check.count(recompute["bytes"], f"{at}.bytes"),
+                              params=check.texts(recompute.get("params", []), f"{at}.params", empty=True),
+                              param_bytes=check.count(recompute.get("param_bytes", 0), f"{at}.param_bytes"),
+                              inputs=tuple(inputs), grad=check.flag(recompute.get("grad", False), f"{at}.grad"))
+    uses = tuple(check.count(use, f"{where}.uses[{i}]") for i, use in enumerate(check.items(raw["uses"], f"{where}.uses")))
+    return Value(name=check.text(raw["name"], f"{where}.name"), key=check.text(raw["key"], f"{where}.key"),
+                 bytes=check.count(raw["bytes"], f"{where}.bytes"),
+                 produced=check.count(raw["produced"], f"{where}.produced"), uses=uses, recompute=recompute,
+                 input=check.flag(raw.get("input", False), f"{where}.input"))
 
 
 def _not_a_number(name: str) -> Any:
@@ -184,6 +289,16 @@ class _Fields:
     def items(self, value: Any, where: str) -> list[Any]:
         if not isinstance(value, list) or not value:
             raise self.fail(where, "a non-empty list", value)
+        return value
+
+    def sequence(self, value: Any, where: str) -> list[Any]:
+        if not isinstance(value, list):
+            raise self.fail(where, "a list", value)
+        return value
+
+    def flag(self, value: Any, where: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(where, "true or false", value)
         return value
 
     def text(self, value: Any, where: str) -> str:

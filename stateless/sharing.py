@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from stateless.checks import is_None
 from stateless.layers import StatelessEmbedding, StatelessLinear
 
 
@@ -61,13 +62,15 @@ def make_stateless(model: nn.Module, *, shared: str, weight: str, users: Sequenc
             raise ValueError(f"make_stateless: {tied_linear} does not share {shared}'s weight")
         _set_submodule(model, tied_linear, StatelessLinear.like(linear))
         keys.append(tied_linear + ".weight")
-    for name in users:
+    owner_name, _, attribute = shared.rpartition(".")
+    owner = model.get_submodule(owner_name) if owner_name else model
+    order = tuple(owner._modules)
+    if shared not in users:  # the holder is only registered under its own name (T5's shared): it goes
+        delattr(owner, attribute)
+    for name in users:  # a holder that is also a user (GPT-2's wte) is replaced in place
         _set_submodule(model, name, StatelessEmbedding.like(embedding))
-    owner, _, attribute = shared.rpartition(".")
-    order = tuple(model.get_submodule(owner)._modules) if owner else tuple(model._modules)
-    delattr(model, shared)
     model.register_parameter(weight, parameter)
-    spec = SharedWeightSpec(shared, weight, tuple(users), tied_linear, tuple(keys), order)
+    spec = SharedWeightSpec(shared, weight, tuple(users), tied_linear, tuple(dict.fromkeys(keys)), order)
     model.__dict__["_shared_weight_spec"] = spec
     # load_state_dict of a stock (HF-keyed) checkpoint keeps working.
     model.__dict__["_shared_weight_hook"] = model._register_load_state_dict_pre_hook(_LoadHFKeys(spec))
@@ -103,7 +106,7 @@ def make_stateful(model: nn.Module) -> nn.Module:
     if spec.tied_linear is not None:
         _set_submodule(model, spec.tied_linear, model.get_submodule(spec.tied_linear).to_linear(parameter))
     del model._parameters[spec.weight]
-    setattr(model, spec.shared, embedding)
+    _set_submodule(model, spec.shared, embedding)
     for name in spec.users:
         _set_submodule(model, name, embedding)
     owner_name = spec.shared.rpartition(".")[0]
@@ -115,15 +118,25 @@ def make_stateful(model: nn.Module) -> nn.Module:
     return model
 
 
-def shared_weight(model: nn.Module, shared: str, weight: str) -> torch.Tensor | None:
+def shared_weight(model: nn.Module, shared: str, weight: str,
+                  passed: torch.Tensor | None = None) -> torch.Tensor | None:
     """What the generated forward passes on to the users of the shared weight.
 
-    The top-level parameter in the stateless form.  ``None`` in the stateful
-    form, where every user owns the weight and :func:`call_shared` does not
-    pass it: a tracer that wraps only the values its parent passes (FTPipe's)
-    refuses a parameter read out of a leaf module as an untraced tensor constant.
+    ``passed``: the weight a caller handed down (a model called by another model, GPT-2's
+    ``transformer`` inside the LM head model); when given, it is the weight.  Otherwise the
+    top-level parameter in the stateless form, and ``None`` in the stateful form, where every
+    user owns the weight and :func:`call_shared` does not pass it: a tracer that wraps only the
+    values its parent passes (FTPipe's) refuses a parameter read out of a leaf module as an
+    untraced tensor constant.
     """
-    return getattr(model, weight) if is_stateless(model) else None
+    if not is_None(passed):
+        return passed
+    if is_stateless(model):
+        return getattr(model, weight)
+    if getattr(model.get_submodule(shared), "takes_shared_weight", False):
+        raise ValueError(f"{type(model).__name__}: {shared} is stateless here; call the model that owns the "
+                         f"shared weight, or pass it")
+    return None
 
 
 def call_shared(module: nn.Module, weight: torch.Tensor | None, *inputs: Any) -> Any:

@@ -44,6 +44,8 @@ def test_the_t5_recipe_loads_with_typed_options() -> None:
     assert isinstance(options, SharedWeightOptions)
     assert options.models["T5EncoderModel"].users == ("encoder.embed_tokens",)
     assert options.models["T5ForConditionalGeneration"].tied_linear == "lm_head"
+    assert options.forwards["T5Model"].calls == {"self.encoder": "T5Stack", "self.decoder": "T5Stack"}
+    assert options.forwards["T5Stack"].uses == ("self.embed_tokens",)
 
 
 def test_misspelled_top_level_key() -> None:
@@ -78,7 +80,10 @@ def test_misspelled_key_in_a_list_of_tables() -> None:
     ('use_cache = "False"', "use_cache = false", "constants.use_cache: expected a string, not bool False"),
     ('output_attentions = "False"', 'output_attentions = "f(x)"', "'f(x)' is not a literal constant"),
     ('name = "hoist_modules"', 'name = "hoist_module"', "transforms[6]: name: unknown transform 'hoist_module'"),
-    ('stack = "T5Stack"\n', "", "transform shared_weight: stack: missing (required)"),
+    ('parameter = "shared_embedding"\n', "", "transform shared_weight: parameter: missing (required)"),
+    ('calls = { "self.encoder" = "T5Stack" }', 'calls = { "self.encoder" = "T5Stak" }',
+     "transform shared_weight: forwards.T5EncoderModel.calls: self.encoder runs T5Stak, which has no forwards entry"),
+    ('uses = ["self.embed_tokens"]', 'uses = []', "transform shared_weight: forwards.T5Stack: neither calls nor uses"),
 ])
 def test_wrong_types_and_values(old: str, new: str, expected: str) -> None:
     assert old in T5_TOML

@@ -139,7 +139,7 @@ def test_optimizer_steps_keep_every_use_identical(config_name: str) -> None:
 # -- tracing -------------------------------------------------------------------------
 
 def shared_uses_in_fx(module: nn.Module, kwargs: dict) -> int:
-    from test_t5_tracing import fx_trace
+    from model_checks import fx_trace
     graph = fx_trace(module, kwargs).graph
     nodes = [n for n in graph.nodes if n.op == "get_attr" and n.target == "shared_embed_weight"]
     assert len(nodes) == 1, "the shared weight must be one graph input"
@@ -242,6 +242,77 @@ def test_from_pretrained_then_make_stateless(tmp_path) -> None:
         assert torch.equal(loaded(**kwargs), reference(**kwargs).loss)
 
 
+# -- layouts other than T5's (toy modules in the shape of the families' own) ----------------------------------
+
+class _Base(nn.Module):  # GPT-2's base model: holds the embedding it uses
+    def __init__(self) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(11, 4)
+        self.wpe = nn.Embedding(5, 4)
+
+
+class _Head(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.transformer = _Base()
+        self.lm_head = nn.Linear(4, 11, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight
+
+
+class _Seq2Seq(nn.Module):  # BART's base model one level down: the holder is none of the users
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = nn.Module()
+        self.model.shared = nn.Embedding(11, 4)
+        self.model.encoder = nn.Module()
+        self.model.encoder.embed_tokens = self.model.shared
+        self.model.decoder = nn.Module()
+        self.model.decoder.embed_tokens = self.model.shared
+
+
+def test_a_nested_holder_that_is_its_own_user_is_replaced_in_place() -> None:
+    import stateless
+
+    model = _Head()
+    parameter = model.transformer.wte.weight
+    stock_keys = list(model.state_dict())
+    stateless.make_stateless(model, shared="transformer.wte", weight="shared_embed_weight",
+                             users=("transformer.wte",), tied_linear="lm_head")
+    assert [name for name, p in model.named_parameters() if p is parameter] == ["shared_embed_weight"]
+    assert isinstance(model.transformer.wte, StatelessEmbedding) and isinstance(model.lm_head, StatelessLinear)
+    assert list(model.transformer._modules) == ["wte", "wpe"]
+    assert stateless.shared_weight(model, "transformer.wte", "shared_embed_weight") is parameter
+    passed = torch.zeros(11, 4)
+    assert stateless.shared_weight(model.transformer, "wte", "shared_embed_weight", passed) is passed
+    with pytest.raises(ValueError, match="wte is stateless here"):
+        stateless.shared_weight(model.transformer, "wte", "shared_embed_weight")
+    state = stateless.stateful_state_dict(model)
+    assert sorted(state) == sorted(stock_keys) and state["lm_head.weight"] is state["transformer.wte.weight"]
+    fresh = _Head()
+    stateless.make_stateless(fresh, shared="transformer.wte", weight="shared_embed_weight",
+                             users=("transformer.wte",), tied_linear="lm_head")
+    fresh.load_state_dict(_Head().state_dict() | {"transformer.wte.weight": parameter.detach(),
+                                                  "lm_head.weight": parameter.detach()})
+    assert torch.equal(fresh.shared_embed_weight, parameter)
+    stateless.make_stateful(model)
+    assert model.transformer.wte.weight is parameter and model.lm_head.weight is parameter
+    assert list(model.state_dict()) == stock_keys and list(model.transformer._modules) == ["wte", "wpe"]
+
+
+def test_a_nested_holder_that_no_user_is_goes_and_comes_back_in_its_place() -> None:
+    import stateless
+
+    model = _Seq2Seq()
+    parameter = model.model.shared.weight
+    stock_keys = list(model.state_dict())
+    stateless.make_stateless(model, shared="model.shared", weight="shared_embed_weight",
+                             users=("model.encoder.embed_tokens", "model.decoder.embed_tokens"))
+    assert not hasattr(model.model, "shared")
+    assert [name for name, p in model.named_parameters()] == ["shared_embed_weight"]
+    assert sorted(stateless.stateful_state_dict(model)) == sorted(stock_keys)
+    stateless.make_stateful(model)
+    assert model.model.shared.weight is parameter and model.model.decoder.embed_tokens is model.model.shared
+    assert list(model.model._modules) == ["shared", "encoder", "decoder"]
 @pytest.mark.parametrize("copy_with", ["torch.save", "deepcopy"])
 def test_a_stateless_model_pickles_and_keeps_loading_stock_keys(copy_with: str, tmp_path) -> None:
     # before: torch.save(model) failed with "Can't pickle local object '_load_hf_keys.<locals>.hook'"

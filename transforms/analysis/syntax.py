@@ -9,7 +9,7 @@ from typing import TypeVar
 import libcst as cst
 
 _EMPTY = cst.Module(body=[])
-_Item = TypeVar("_Item", cst.Arg, cst.Param)
+_Item = TypeVar("_Item", cst.Arg, cst.Param, cst.ImportAlias)
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {}
@@ -103,6 +103,21 @@ def drop_items(items: Sequence[_Item], keep: Sequence[bool]) -> list[_Item]:
         # whitespace before the closing parenthesis.
         kept[-1] = kept[-1].with_changes(comma=items[-1].comma)
     return kept
+
+
+def append_item(items: Sequence[_Item], new: _Item) -> list[_Item]:
+    """Add an item at the end of a comma-separated list, keeping its layout (one item a line stays so)."""
+    if not items:
+        return [new]
+    last = items[-1]
+    # The new item takes the old last one's comma (and the whitespace before the closing parenthesis);
+    # the old last one takes its predecessor's, which leads to the next item.
+    separator = items[-2].comma if len(items) > 1 else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    if not isinstance(separator, cst.Comma):
+        separator = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    result = list(items[:-1])
+    result += [last.with_changes(comma=separator), new.with_changes(comma=last.comma)]
+    return result
 
 
 def indented(statements: Sequence[cst.BaseStatement], block: cst.BaseSuite) -> cst.BaseSuite:
