@@ -245,3 +245,17 @@ def test_the_gpu_pipelines_replica_of_a_shared_weight_is_not_charged_to_the_ipu_
     assert shares["shared"].memory_bytes == pytest.approx(1000)  # the owner's stage holds no replica
     # IPU memory is modelled from the blocks' own bytes (partitioning/ipu/memory.py), never from the GPU stage's.
     assert plan_ipu(plan, KEEP, STATEFUL).ipu_costs()[0].memory_bytes == pytest.approx(unreplicated)
+
+
+def test_a_moved_block_is_charged_once_however_many_names_its_weight_has() -> None:
+    """GPT-2's stateless plan names its embedding weight both as costed and as the form's parameter: the head was
+    charged twice to IPU 0 while re-splitting, so any split under twice its cost looked as good
+    (layers_per_ipu [0, 1, 3, 8] instead of optimum-graphcore's [0, 4, 4, 4])."""
+    from partitioning.ipu.costs import rebalance
+
+    n = names()
+    plan = plan_of([n[0:3], n[3:6], n[6:9], n[9:]], head_flops=30.0)
+    once = rebalance(plan, 4, [["shared", "lm_head"]], lambda *args: True)
+    twice = rebalance(plan, 4, [["shared", "lm_head"], ["shared", "lm_head"]], lambda *args: True)
+    assert twice == once
+    assert once[0] == ("shared",)  # the head's 30 already make IPU 0 the busiest: it keeps nothing else

@@ -102,9 +102,13 @@ def rebalance(plan: Plan, ipus: int, users: Sequence[Sequence[str]],
     if sum(kept) < ipus:
         raise IPUError(f"cannot place {len(names)} blocks on {ipus} IPUs: only {sum(kept)} are not later users of a "
                        f"shared weight; use fewer IPUs")
-    # (index of a weight's first user, its later users, their seconds)
-    homes = [(names.index(group[0]), tuple(group[1:]), sum(shares[n].seconds for n in group[1:]))
-             for group in users if len(group) > 1]
+    # (index of a weight's first user, a later user moved there, its seconds): each moved block once, however
+    # many names its weight goes by (the plan's and the form's) or however many shared weights it uses.
+    home: dict[str, int] = {}
+    for group in users:
+        for name in group[1:]:
+            home.setdefault(name, names.index(group[0]))
+    homes = [(first, (name,), shares[name].seconds) for name, first in home.items()]
     work, count = [0.0], [0]
     for name, keep in zip(names, kept):
         work.append(work[-1] + shares[name].seconds * keep)
