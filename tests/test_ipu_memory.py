@@ -135,7 +135,10 @@ def test_t5_base_plans_on_eight_ipus(tmp_path: Path, capsys) -> None:
     code, out, err = run(["--shape", "t5-base", "--ipus", "8"], tmp_path, capsys)
     assert (code, err) == (0, ""), err
     counts = layout(out)
-    assert len(counts) == 8 and sum(counts) == 24 and counts[0] == 0
+    assert len(counts) == 8 and sum(counts) == 24
+    assert counts[0] <= min(counts[1:])  # IPU 0 also runs the decoder embedding and the LM head
+    found = re.search(r"busiest IPU ([\d.]+) ms per micro-batch \(the plan's busiest stage: ([\d.]+) ms\)", out)
+    assert found is not None and float(found.group(1)) < float(found.group(2))  # re-splitting for the head pays
 
 
 def test_the_readmes_ipu_example_works_again(tmp_path: Path, capsys) -> None:
@@ -152,3 +155,16 @@ def test_a_micro_batch_that_does_not_fit_is_refused_naming_the_term(tmp_path: Pa
     assert re.fullmatch(r"partition-model: error: IPU \d needs \d+\.\d MB but a Mk2 IPU has 940.6 MB; the largest "
                         r"term is stashed activations .* use a smaller micro-batch.*\n", err)
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_gpt2_plans_optimum_graphcores_layout_on_four_ipus(tmp_path: Path, capsys) -> None:
+    # Before: no [ipu] defaults for GPT-2 (refused: recomputation working set 7869 MB), then [0, 1, 3, 8] with the
+    # LM head charged twice to IPU 0 while re-splitting.
+    outputs = ["--output", str(tmp_path / "plan.json"), "--ipu-code", str(tmp_path / "code.py"),
+               "--ipu-options", str(tmp_path / "options.conf")]
+    code = main(["gpt2", "--version", "4.5.1", "--target", "ipu", "--ipus", "4", *outputs])
+    captured = capsys.readouterr()
+    assert (code, captured.err) == (0, ""), captured.err
+    assert "micro-batch 1 x sequence 1024" in captured.out and "projection serialized x4" in captured.out
+    assert layout(captured.out) == [0, 4, 4, 4]
+    assert "published for gpt2: [0, 4, 4, 4]" in captured.out

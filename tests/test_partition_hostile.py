@@ -123,7 +123,8 @@ def test_every_read_of_a_config_file_is_capped(work: Path, capsys, costing_fails
     ("--device-flops", "nan"), ("--device-flops", "0"), ("--bandwidth", "-25"), ("--bandwidth", "nan"),
     ("--memory-gb", "0"), ("--memory-gb", "inf"), ("--batch", "0"), ("--micro-batches", "-1"),
     ("--granularity", "0"), ("--optimizer-states", "-1"), ("--run-steps", "0"), ("--stages", "-2"),
-    ("--source-len", "0"), ("--seq-len", "source=0"), ("--ipus", "0"),
+    ("--source-len", "0"), ("--seq-len", "source=0"), ("--ipus", "0"), ("--threads", "0"),
+    ("--memory-bandwidth", "inf"), ("--granularity", "fine"),
     ("--measure", "-1"),  # before: StatisticsError traceback
 ])
 def test_numbers_in_every_numeric_flag_are_checked(work: Path, capsys, costing_fails, flag: str, value: str) -> None:
@@ -165,6 +166,25 @@ def test_flag_combinations_are_checked_before_costing(work: Path, capsys, costin
 
 
 # -- outputs: checked before the slow work, written all together -------------------------------------------------------
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda work: "/dev/zero", "not a regular file"),
+    (lambda work: str(work), "is a directory"),
+    (lambda work: (work / "c.json").write_bytes(b"\xff{}") and "c.json", "is not UTF-8 text"),
+    (lambda work: (work / "c.json").write_text("[1]") and "c.json", "c.json is not a calibration file"),
+    (lambda work: (work / "c.json").write_text('{"flops": NaN}') and "c.json", "c.json is not a calibration file"),
+], ids=["dev-zero", "directory", "not-utf8", "list", "NaN"])
+def test_a_calibration_file_is_read_capped_and_checked_before_costing(work: Path, capsys, costing_fails, make,
+                                                                      expected: str) -> None:
+    rejected(tiny("--stages", "2", "--calibration", make(work)), work, capsys, expected)
+
+
+def test_a_calibrate_destination_that_is_a_directory_is_refused_before_measuring(work: Path, capsys,
+                                                                                   costing_fails) -> None:
+    (work / "out").mkdir()
+    rejected(tiny("--stages", "2", "--device", "cpu", "--calibrate", "out"), work, capsys,
+             "--calibrate out is a directory: name a file")
+
 
 @pytest.mark.parametrize("flag", ["--output", "--plot", "--module-to-device", "--ipu-code", "--ipu-options"])
 def test_an_output_that_is_a_directory_is_refused_before_anything_is_written(work: Path, capsys, costing_fails,
