@@ -25,7 +25,8 @@ from partitioning.costing import BlockSpec, Chain, cost_chain
 from partitioning.plan import PlanError
 from partitioning.shapes import check_config_values, config_file_kwargs, make_config, unknown_keys
 
-GENERATED = "generated_models"  # convert-model's default output root, an importable package
+GENERATED = "generated_models"
+MAX_TOKENS = 1 << 31  # convert-model's default output root, an importable package
 
 
 def definitions() -> dict[str, FamilyDefinition]:
@@ -116,7 +117,11 @@ class ModelFamily:
             raise PlanError(f"the {self.name} family has no sequence length {unknown[0]!r} "
                             f"(its lengths: {', '.join(self.definition.lengths)})")
         defaults = self.definition.lengths
-        return MicroBatch(batch, {name: lengths.get(name, default) for name, default in defaults.items()})
+        sizes = {name: lengths.get(name, default) for name, default in defaults.items()}
+        longest = max(sizes.values(), default=1)
+        if batch * longest > MAX_TOKENS:  # torch's sizes are int64 and a model's square of them must be too
+            raise PlanError(f"a micro-batch of {batch} x {longest} tokens is too large to cost (at most 2^31 tokens)")
+        return MicroBatch(batch, sizes)
 
     def input_specs(self, class_name: str) -> tuple[InputSpec, ...]:
         return accepted(self.definition.inputs, self.model_class(class_name).forward)

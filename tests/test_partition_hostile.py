@@ -131,6 +131,13 @@ def test_numbers_in_every_numeric_flag_are_checked(work: Path, capsys, costing_f
     rejected(tiny("--stages", "2", flag, value), work, capsys, f"argument {flag}: expected")
 
 
+@pytest.mark.parametrize("flag", ["--batch", "--source-len"])
+def test_a_micro_batch_too_large_for_torch_is_one_line_before_costing(work: Path, capsys, costing_fails,
+                                                                      flag: str) -> None:
+    # Before: "internal error: TypeError: randint(): argument 'size' failed to unpack ... Overflow" with 10^20.
+    rejected(tiny("--stages", "2", flag, str(10**20)), work, capsys, "tokens is too large to cost")
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["t5", "--version", "4.5.1", "--stages", "x"], "argument --stages: expected an integer, got 'x'"),
     (["t5", "--stages", "2"], "the following arguments are required: --version"),
