@@ -28,7 +28,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from partitioning.plan import Block, Plan, PlanError, Stage, Value
@@ -68,6 +68,28 @@ class Settings:
             raise PlanError(f"optimizer states must be >= 0, got {self.optimizer_states}")
         if not self.memory_bandwidth > 0 or not self.backward_factor >= 0:
             raise PlanError("memory bandwidth must be positive and the backward factor non-negative")
+
+    @classmethod
+    def from_plan(cls, settings: Mapping[str, Any]) -> Settings:
+        """The settings a plan file records (those this release knows), each checked against its field's type."""
+        values = {}
+        for item in fields(cls):
+            if item.name not in settings:
+                continue
+            value, default = settings[item.name], item.default
+            number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if isinstance(default, bool):
+                ok = isinstance(value, bool)
+            elif isinstance(default, int):
+                ok = number and isinstance(value, int)
+            elif isinstance(default, str):
+                ok = isinstance(value, str)
+            else:  # a float, or None for a limit that is a number when set
+                ok = number or (default is None and value is None)
+            if not ok:
+                raise PlanError(f"not a plan file: settings.{item.name} must be like {default!r}, got {value!r:.40}")
+            values[item.name] = value
+        return cls(**values)
 
     @property
     def state_copies(self) -> int:

@@ -290,9 +290,12 @@ def _edit(data: dict, path: str, value: object) -> dict:
     ("model/config", "small", "the plan's model.config must be a JSON object"),
     ("model/config/tie_word_embeddings", "false", "config.tie_word_embeddings must be true or false, got 'false'"),
     ("settings/optimizer_states", -1, "settings.optimizer_states must be an integer >= 0, got -1"),
+    ("settings/micro_batches", "8", "settings.micro_batches must be like 1, got '8'"),  # TypeError: '<' later
+    ("settings/bandwidth", True, "settings.bandwidth must be like 25000000000.0, got True"),
     ("model/micro_batch", {"batch": 3, "lengths": {}}, "the plan was costed for micro-batches of 3, not 2"),
 ], ids=["no-model", "model-list", "compute-fast", "blocks-string", "negative-bytes", "name-int", "unknown-field",
-        "stages-mismatch", "family-list", "config-string", "tie-flag-string", "optimizer-states", "batch"])
+        "stages-mismatch", "family-list", "config-string", "tie-flag-string", "optimizer-states", "micro-batches-string",
+        "bandwidth-bool", "batch"])
 def test_a_broken_plan_file_is_one_line(work: Path, capsys, path: str, value: object, expected: str) -> None:
     (work / "plan.json").write_text(json.dumps(_edit(plan_data(), path, value)))
     extra = ["--batch", "2"] if path == "model/micro_batch" else []

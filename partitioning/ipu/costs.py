@@ -12,15 +12,12 @@ it from the blocks' bytes.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from partitioning.ipu.errors import IPUError
 from partitioning.partition import Settings, min_max_split
 from partitioning.plan import Plan, Stage
-
-_SETTINGS = {f.name for f in dataclasses.fields(Settings)}
 
 
 @dataclass(frozen=True)
@@ -47,7 +44,7 @@ def _replica_bytes(plan: Plan, stage: Stage) -> float:
             first.setdefault(name, index)
     start = next(index for index, block in enumerate(plan.blocks) if block.name == stage.blocks[0])
     used = {name for block in plan.blocks if block.name in stage.blocks for name in block.shared}
-    copies = Settings(**{k: v for k, v in plan.settings.items() if k in _SETTINGS}).state_copies
+    copies = Settings.from_plan(plan.settings).state_copies
     return copies * sum(shared.get(name, 0) for name in used if first[name] < start)
 
 
