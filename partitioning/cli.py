@@ -197,6 +197,12 @@ def _destinations(args: argparse.Namespace) -> dict[str, Path]:
     return paths
 
 
+def _inputs(args: argparse.Namespace) -> dict[str, Path | None]:
+    """Every file this command reads, by the flag that names it."""
+    return {"--config": args.config, "--calibration": args.calibration, "--ipu-config": args.ipu_config,
+            "--ipu-plan": args.ipu_plan}
+
+
 def _check_device(name: str) -> None:
     """``--device`` names a device torch can allocate on here (meta always can)."""
     import torch
@@ -250,7 +256,7 @@ def _validate(args: argparse.Namespace, family: ModelFamily) -> Any:
     _check_device(args.device)
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise PlanError("--plot needs matplotlib (pip install 'hf-pipeline-convert[plot]')")
-    check_destinations(_destinations(args))
+    check_destinations(_destinations(args), _inputs(args))
     return config
 
 
@@ -335,7 +341,7 @@ def _calibrate(args: argparse.Namespace) -> str:
     if args.device == "meta":
         raise PlanError("--calibrate needs a real --device (cpu or cuda)")
     _check_device(args.device)
-    check_destinations({"--calibrate": args.calibrate})
+    check_destinations({"--calibrate": args.calibrate}, _inputs(args))
     if not args.device.startswith("cuda"):
         torch.set_num_threads(args.threads)
     config = family.config(args.shape, args.config)

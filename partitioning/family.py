@@ -90,6 +90,9 @@ class ModelFamily:
             raise PlanError("give a shape name or a config file, not both")
         if config_file is not None:
             kwargs = config_file_kwargs(config_file)
+            if not set(kwargs) & set(self.sizes()):
+                raise PlanError(f"config {config_file} sets none of a {self.definition.config_class}'s sizes "
+                                f"({', '.join(self.sizes()[:4])}...): give the model's config.json")
             check_config_values(self.definition.config_path, kwargs, self.sizes(), f"config {config_file}")
             return make_config(self.definition.config_path, kwargs)
         shape = shape or self.definition.default_shape

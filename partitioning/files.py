@@ -65,13 +65,21 @@ def read_plan(path: Path) -> Plan:
     return Plan.from_json(read_text(path, "plan", MAX_PLAN_BYTES))
 
 
-def check_destinations(paths: Mapping[str, Path]) -> None:
+def check_destinations(paths: Mapping[str, Path], inputs: Mapping[str, Path | None] | None = None) -> None:
     """Every output (``{"--flag": path}``) can be written: checked before the slow work, with one-line errors.
 
     Not a directory, no file where a directory must be, no two flags naming
-    one file, and a writable directory above them all for the journal of the
-    all-or-nothing write.
+    one file, none naming one of the ``inputs`` (the command would replace
+    what it reads), and a writable directory above them all for the journal
+    of the all-or-nothing write.
     """
+    for source, path in (inputs or {}).items():
+        if path is None:
+            continue
+        target = os.path.realpath(path)
+        clash = next((flag for flag, output in paths.items() if os.path.realpath(output) == target), None)
+        if clash is not None:
+            raise PlanError(f"{clash} {paths[clash]} is the {source} file this command reads: give another path")
     seen: dict[str, str] = {}
     for flag, path in paths.items():
         if not str(path).strip():

@@ -93,6 +93,13 @@ def test_a_bad_model_config_is_one_line(work: Path, capsys, changes: dict, expec
     rejected(["t5", "--version", "4.5.1", "--stages", "2", "--config", name, *SMALL], work, capsys, expected)
 
 
+def test_a_json_file_that_is_no_model_config_is_one_line(work: Path, capsys) -> None:
+    # Before: a plan.json given as --config planned t5's default sizes (T5Config takes any keyword) and exit 0.
+    (work / "plan.json").write_text(json.dumps({"model": {}, "blocks": [], "stages": []}))
+    rejected(["t5", "--version", "4.5.1", "--stages", "2", "--config", "plan.json", "--output", "out.json"], work,
+             capsys, "config plan.json sets none of a T5Config's sizes")
+
+
 def test_a_config_of_another_model_type_is_one_line(work: Path, capsys) -> None:
     # Before: AttributeError: property 'hidden_size' of 'T5Config' object has no setter.
     (work / "bert.json").write_text(json.dumps(BERT))
@@ -200,6 +207,24 @@ def test_an_output_that_is_a_directory_is_refused_before_anything_is_written(wor
     (work / "out").mkdir()
     target = ["--target", "ipu", "--ipus", "2"] if flag.startswith("--ipu") else ["--stages", "2"]
     rejected(tiny(*target, flag, "out"), work, capsys, f"{flag} out is a directory: name a file")
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--stages", "2", "--output", "tiny.json"], "--output tiny.json is the --config file this command reads"),
+    (["--target", "ipu", "--ipus", "2", "--ipu-config", "ipu.json", "--ipu-code", "ipu.json"],
+     "--ipu-code ipu.json is the --ipu-config file"),
+], ids=["output-over-config", "code-over-ipu-config"])
+def test_an_output_that_would_replace_an_input_is_refused(work: Path, capsys, costing_fails, argv: list[str],
+                                                          expected: str) -> None:
+    # Before: --output tiny.json replaced the config it was planned from; --ipu-code plan.json the plan it placed.
+    (work / "ipu.json").write_text("{}")
+    rejected(tiny(*argv), work, capsys, expected)
+
+
+def test_placing_a_plan_never_writes_over_it(work: Path, capsys) -> None:
+    (work / "plan.json").write_text(json.dumps(plan_data()))
+    rejected(["t5", "--version", "4.5.1", "--target", "ipu", "--ipu-plan", "plan.json", "--ipu-code", "plan.json"],
+             work, capsys, "--ipu-code plan.json is the --ipu-plan file this command reads")
 
 
 def test_an_output_under_a_file_is_refused_before_anything_is_written(work: Path, capsys, costing_fails) -> None:

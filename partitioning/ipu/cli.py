@@ -155,7 +155,7 @@ def _shape_words(plan: Plan, definition: FamilyDefinition | None) -> list[str]:
 def run_ipu(args: argparse.Namespace, plan: Plan | None = None) -> int:
     """Place ``plan`` (or the ``--ipu-plan`` file) on IPUs; 0 on success, 2 with a one-line error."""
     try:
-        check_destinations(ipu_destinations(args))
+        check_destinations(ipu_destinations(args), {"--ipu-plan": args.ipu_plan, "--ipu-config": args.ipu_config})
         if plan is None:
             if args.ipu_plan is None:
                 raise IPUError("no plan to place: partition with --ipus N, or give --ipu-plan PLAN.json")
