@@ -367,7 +367,7 @@ def test_t5_ipu_roles_derived_from_the_recipe_equal_the_hand_written_ones(tied: 
         {"shared_embed_weight": ("encoder.embed_tokens", "decoder.embed_tokens", *head)},
         {"shared": "encoder.embed_tokens"}, sites)
     assert roles_for("t5", "T5ForConditionalGeneration", config, stateless=False) == Roles(
-        "stateful", "shared", "call model.make_stateful() first (or plan for the stateless form)", lists,
+        "stateful", "shared.weight", "call model.make_stateful() first (or plan for the stateless form)", lists,
         {"shared.weight": ("shared", *head)}, {"encoder.embed_tokens": "shared", "decoder.embed_tokens": "shared"},
         sites)
 
