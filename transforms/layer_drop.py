@@ -184,7 +184,7 @@ class LayerDropLoop(Transform):
             return self._refuse(branch, "the branch is on one line")
         outside = {id(body[draw]), id(branch), *(id(statement) for statement in run)}
         reads = _reads_outside(function, outside)
-        if variable in reads:
+        if variable in reads or any(variable in names_read(statement) for statement in [*skip, *run]):
             return self._refuse(branch, f"`{variable}` is read elsewhere too")
         state, problem = self._carried(skip, run, reads, _binds_outside(function, outside))
         if state is None:
