@@ -30,10 +30,11 @@ PATHS = {"BartForConditionalGeneration": ("labels", "labels-only", "logits"), "B
 
 
 def config(name: str, **overrides: Any) -> BartConfig:
-    return BartConfig(vocab_size=VOCAB, max_position_embeddings=POSITIONS, d_model=16, encoder_attention_heads=2,
-                      decoder_attention_heads=2, encoder_ffn_dim=24, decoder_ffn_dim=20, dropout=0.1,
-                      attention_dropout=0.1, activation_dropout=0.1, pad_token_id=1, bos_token_id=0, eos_token_id=2,
-                      decoder_start_token_id=2, **{**CONFIGS[name], **overrides})
+    values = dict(vocab_size=VOCAB, max_position_embeddings=POSITIONS, d_model=16, encoder_attention_heads=2,
+                  decoder_attention_heads=2, encoder_ffn_dim=24, decoder_ffn_dim=20, dropout=0.1,
+                  attention_dropout=0.1, activation_dropout=0.1, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                  decoder_start_token_id=2)
+    return BartConfig(**{**values, **CONFIGS[name], **overrides})
 
 
 def inputs(masks: bool, batch: int = 2, source: int = 7, target: int = 5, seed: int = 1) -> Inputs:
