@@ -1,7 +1,9 @@
 """One rank of the pipelining acceptance test (run under torchrun): pipeline vs single-process reference.
 
 For every case named on the command line it trains 3 steps both ways from the same weights and
-writes, per rank, the names of whatever differs (losses, gradients, parameters, tied copies).
+writes, per rank, the names of whatever differs (losses, gradients, parameters, tied copies).  A case
+names a family other than T5 by a prefix (``bart@2layer-untied:...``): its default class, its tiny
+configurations and training batches from tests/model_families.py.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from t5_models import T5, config  # noqa: E402
+from model_families import FAMILIES  # noqa: E402
 
 from partitioning.blocks import MicroBatch  # noqa: E402
 from partitioning.partition import Settings, build_plan, partition  # noqa: E402
@@ -40,18 +42,25 @@ def batch(size: int, vocab: int, seed: int) -> dict[str, torch.Tensor]:
 
 
 def run_case(case: str, out: Path) -> None:
-    config_name, schedule, micro_batches, split, tied_sum = (case.split(":") + ["ordered"])[:5]
+    family_name, _, rest = case.rpartition("@")
+    config_name, schedule, micro_batches, split, tied_sum = (rest.split(":") + ["ordered"])[:5]
     micro_batches = int(micro_batches)
     # ordered: bit-equal to the reference; allreduce: equal up to the order of the float sum
     same = torch.equal if tied_sum == "ordered" else lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-6)
-    cfg = config(config_name)
-    cfg.dropout_rate = 0.0  # the reference and the ranks draw no random numbers
+    tests = FAMILIES[family_name or "t5"]
+    family = tests.model_family
+    class_name = family.definition.default_class
+    cfg = tests.make_config(config_name)
+    for key, value in cfg.to_dict().items():  # the reference and the ranks draw no random numbers
+        if "dropout" in key and isinstance(value, float):
+            setattr(cfg, key, 0.0)
+    make_batch = batch if not family_name else lambda size, vocab, seed: tests.train_batch(cfg, size, seed)
     torch.manual_seed(0)
-    model = T5.build("T5ForConditionalGeneration", cfg, device="cpu").make_stateless()
+    model = family.build(class_name, cfg, device="cpu").make_stateless()
     reference = copy.deepcopy(model)
 
     micro_batch = MicroBatch(PER_MICRO_BATCH, {"source": SOURCE, "target": TARGET})
-    chain = T5.chain("T5ForConditionalGeneration", cfg, micro_batch)
+    chain = family.chain(class_name, cfg, micro_batch)
     settings = Settings(micro_batches=micro_batches, schedule=schedule)
     if split == "optimal":
         plan = partition(chain.blocks, dist.get_world_size(), settings)
@@ -61,7 +70,7 @@ def run_case(case: str, out: Path) -> None:
         segments = [(start, end - 1) for start, end in zip(starts, starts[1:] + [len(names)])]
         plan = build_plan(chain.blocks, segments, settings, {})
 
-    data = [batch(PER_MICRO_BATCH * micro_batches, cfg.vocab_size, seed=10 + step) for step in range(STEPS)]
+    data = [make_batch(PER_MICRO_BATCH * micro_batches, cfg.vocab_size, seed=10 + step) for step in range(STEPS)]
     example = {k: v[:PER_MICRO_BATCH] for k, v in data[0].items()}  # labels too: the model computes its loss
     run = PipelineRun(model, plan, example, micro_batches=micro_batches, schedule=schedule, tied_sum=tied_sum)
     tied = {c.name.removeprefix("model."): c for c in run.tied}
@@ -99,7 +108,7 @@ def run_case(case: str, out: Path) -> None:
             problems.append(f"after {STEPS} steps: replicas of {name} differ")
     record = {"case": case, "rank": rank, "problems": problems, "parameters": sorted(local),
               "tied": {name: list(c.stages) for name, c in tied.items()}}
-    (out / f"{case.replace(':', '_').replace(',', '+')}.rank{rank}.json").write_text(json.dumps(record))
+    (out / f"{case.replace(':', '_').replace(',', '+').replace('@', '-')}.rank{rank}.json").write_text(json.dumps(record))
 
 
 def main() -> int:

@@ -62,6 +62,12 @@ TWO_RANKS: dict[str, dict | None] = {
     "2layer-gelu-untied:gpipe:2:encoder.block.1": {"shared_embed_weight": [0, 1]},  # position bias crosses
     "3layer-relu-untied-2dec:1f1b:2:decoder.block.1": {},  # both embeddings on stage 0, untied head
 }
+# BART (family@config): the shared embedding feeds both stacks and the tied head.
+BART_TWO_RANKS: dict[str, dict | None] = {
+    "bart@2layer-scaled-3dec:gpipe:2:decoder.embed": {"shared_embed_weight": [0, 1]},
+    "bart@1layer-tied:1f1b:2:optimal": None,  # the partitioner's own plan
+    "bart@2layer-untied:1f1b:2:model.decoder.layers.1": {},  # both embeddings on stage 0, untied head on 1
+}
 THREE_RANKS: dict[str, dict | None] = {
     "2layer-gelu-tied:gpipe:4:encoder.block.1,lm_head": {"shared_embed_weight": [0, 1, 2]},
     # the encoder output goes to stages 1 and 2: relayed through stage 1
@@ -76,6 +82,10 @@ THREE_RANKS: dict[str, dict | None] = {
 
 def test_two_ranks_gpipe_and_1f1b_equal_single_process_training(tmp_path: Path) -> None:
     assert_equal_to_reference(launch(2, list(TWO_RANKS), tmp_path), TWO_RANKS)
+
+
+def test_two_ranks_bart_equal_single_process_training(tmp_path: Path) -> None:
+    assert_equal_to_reference(launch(2, list(BART_TWO_RANKS), tmp_path), BART_TWO_RANKS)
 
 
 def test_three_ranks_gpipe_and_1f1b_equal_single_process_training(tmp_path: Path) -> None:
