@@ -1,9 +1,8 @@
 """One rank of the pipelining acceptance test (run under torchrun): pipeline vs single-process reference.
 
-For every case named on the command line it trains 3 steps both ways from the same weights and
-writes, per rank, the names of whatever differs (losses, gradients, parameters, tied copies).  A case
-names a family other than T5 by a prefix (``bart@2layer-untied:...``): its default class, its tiny
-configurations and training batches from tests/model_families.py.
+For every case named on the command line it trains the family's default class (tests/model_families.py)
+3 steps both ways from the same weights and writes, per rank, the names of whatever differs (losses,
+gradients, parameters, tied copies).
 """
 
 from __future__ import annotations
@@ -21,56 +20,49 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).parent))
 from model_families import FAMILIES  # noqa: E402
 
+from model_checks import Family  # noqa: E402
 from partitioning.blocks import MicroBatch  # noqa: E402
 from partitioning.partition import Settings, build_plan, partition  # noqa: E402
 from partitioning.pipelining import PipelineRun  # noqa: E402
 
-STEPS, PER_MICRO_BATCH, SOURCE, TARGET = 3, 2, 7, 5
+STEPS, PER_MICRO_BATCH = 3, 2
 
 
-def batch(size: int, vocab: int, seed: int) -> dict[str, torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-    values = {"input_ids": torch.randint(1, vocab, (size, SOURCE), generator=generator),
-              "attention_mask": torch.ones(size, SOURCE, dtype=torch.long),
-              "decoder_input_ids": torch.randint(1, vocab, (size, TARGET), generator=generator),
-              "decoder_attention_mask": torch.ones(size, TARGET, dtype=torch.long),
-              "labels": torch.randint(1, vocab, (size, TARGET), generator=generator)}
-    values["attention_mask"][1::2, -2:] = 0  # padding in every other sequence
-    values["decoder_attention_mask"][::2, -1] = 0
-    values["labels"][::3, -2:] = -100  # ignored positions
-    return values
+def without_dropout(cfg: object) -> object:
+    """The config with every dropout probability 0: the reference and the ranks draw no random numbers."""
+    for key, value in cfg.to_dict().items():  # type: ignore[attr-defined]
+        if isinstance(value, float) and ("dropout" in key or key.endswith("pdrop")):
+            setattr(cfg, key, 0.0)
+    return cfg
 
 
-def run_case(case: str, out: Path) -> None:
-    family_name, _, rest = case.rpartition("@")
-    config_name, schedule, micro_batches, split, tied_sum = (rest.split(":") + ["ordered"])[:5]
+def run_case(family: Family, case: str, out: Path) -> None:
+    config_name, schedule, micro_batches, split, *options = case.split(":")
+    tied_sum = "allreduce" if "allreduce" in options else "ordered"
     micro_batches = int(micro_batches)
     # ordered: bit-equal to the reference; allreduce: equal up to the order of the float sum
     same = torch.equal if tied_sum == "ordered" else lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-6)
-    tests = FAMILIES[family_name or "t5"]
-    family = tests.model_family
-    class_name = family.definition.default_class
-    cfg = tests.make_config(config_name)
-    for key, value in cfg.to_dict().items():  # the reference and the ranks draw no random numbers
-        if "dropout" in key and isinstance(value, float):
-            setattr(cfg, key, 0.0)
-    make_batch = batch if not family_name else lambda size, vocab, seed: tests.train_batch(cfg, size, seed)
+    cfg = without_dropout(family.make_config(config_name))
+    models = family.model_family
+    class_name = models.definition.default_class
     torch.manual_seed(0)
-    model = family.build(class_name, cfg, device="cpu").make_stateless()
+    model = models.build(class_name, cfg, device="cpu").make_stateless()
     reference = copy.deepcopy(model)
 
-    micro_batch = MicroBatch(PER_MICRO_BATCH, {"source": SOURCE, "target": TARGET})
-    chain = family.chain(class_name, cfg, micro_batch)
-    settings = Settings(micro_batches=micro_batches, schedule=schedule)
+    micro_batch = MicroBatch(PER_MICRO_BATCH, family.train_lengths)
+    chain = models.chain(class_name, cfg, micro_batch)
+    # send: every crossing value is sent, as before recomputation existed
+    settings = Settings(micro_batches=micro_batches, schedule=schedule, recompute="send" not in options)
     if split == "optimal":
-        plan = partition(chain.blocks, dist.get_world_size(), settings)
+        plan = partition(chain.blocks, dist.get_world_size(), settings, {}, chain.values)
     else:  # the names of the first blocks of stages 1, 2, ...
         names = [block.name for block in chain.blocks]
         starts = [0] + [names.index(name) for name in split.split(",")]
         segments = [(start, end - 1) for start, end in zip(starts, starts[1:] + [len(names)])]
-        plan = build_plan(chain.blocks, segments, settings, {})
+        plan = build_plan(chain.blocks, segments, settings, {}, values=chain.values)
 
-    data = [make_batch(PER_MICRO_BATCH * micro_batches, cfg.vocab_size, seed=10 + step) for step in range(STEPS)]
+    assert family.train_batch is not None
+    data = [family.train_batch(cfg, PER_MICRO_BATCH * micro_batches, 10 + step) for step in range(STEPS)]
     example = {k: v[:PER_MICRO_BATCH] for k, v in data[0].items()}  # labels too: the model computes its loss
     run = PipelineRun(model, plan, example, micro_batches=micro_batches, schedule=schedule, tied_sum=tied_sum)
     tied = {c.name.removeprefix("model."): c for c in run.tied}
@@ -107,21 +99,24 @@ def run_case(case: str, out: Path) -> None:
         if not all(torch.equal(replica, replicas[0]) for replica in replicas):
             problems.append(f"after {STEPS} steps: replicas of {name} differ")
     record = {"case": case, "rank": rank, "problems": problems, "parameters": sorted(local),
-              "tied": {name: list(c.stages) for name, c in tied.items()}}
-    (out / f"{case.replace(':', '_').replace(',', '+').replace('@', '-')}.rank{rank}.json").write_text(json.dumps(record))
+              "tied": {name: list(c.stages) for name, c in tied.items()},
+              "replayed": run.recomputation.replayed.get(rank, []), "planned": list(plan.stages[rank].recompute),
+              "received": [list(n.meta["val"].shape) for n in run.module.graph.nodes if n.op == "placeholder"]}
+    (out / f"{family.name}_{case.replace(':', '_').replace(',', '+')}.rank{rank}.json").write_text(json.dumps(record))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--family", default="t5", choices=sorted(FAMILIES))
     parser.add_argument("cases", nargs="+",
-                        help="config:schedule:micro-batches:split[:allreduce], split = 'optimal' or the "
-                             "comma-separated first blocks of stages 1, 2, ...")
+                        help="config:schedule:micro-batches:split[:allreduce][:send], split = 'optimal' or the "
+                             "comma-separated first blocks of stages 1, 2, ...; send: plan without recomputation")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     try:
         for case in args.cases:
-            run_case(case, args.out)
+            run_case(FAMILIES[args.family], case, args.out)
     finally:
         dist.destroy_process_group()
     return 0
