@@ -114,16 +114,16 @@ THREE_RANKS: dict[str, tuple[dict | None, dict]] = {
 
 
 # GPT2LMHeadModel: embed, transformer.h.N, final, lm_head; the embedding and the tied head share the weight.
-GPT2_TWO_RANKS: dict[str, dict | None] = {
-    "3layer-tied-relu-inner:gpipe:2:transformer.h.2": {"shared_embed_weight": [0, 1]},
-    "3layer-tied-relu-inner:1f1b:4:lm_head": {"shared_embed_weight": [0, 1]},  # the head alone on stage 1
-    "2layer-untied:1f1b:2:transformer.h.1": {},  # untied: nothing shared across stages
+GPT2_TWO_RANKS: dict[str, tuple[dict | None, dict]] = {
+    "3layer-tied-relu-inner:gpipe:2:transformer.h.2": ({"shared_embed_weight": [0, 1]}, {}),
+    "3layer-tied-relu-inner:1f1b:4:lm_head": ({"shared_embed_weight": [0, 1]}, {}),  # the head alone on stage 1
+    "2layer-untied:1f1b:2:transformer.h.1": ({}, {}),  # untied: nothing shared across stages
 }
-GPT2_THREE_RANKS: dict[str, dict | None] = {
-    "3layer-tied-relu-inner:gpipe:4:transformer.h.1,final": {"shared_embed_weight": [0, 2]},
-    "3layer-tied-relu-inner:1f1b:3:transformer.h.0,transformer.h.2": {"shared_embed_weight": [0, 2]},
-    "3layer-tied-relu-inner:1f1b:4:optimal": None,
-    "3layer-tied-relu-inner:gpipe:3:transformer.h.1,transformer.h.2:allreduce": {"shared_embed_weight": [0, 2]},
+GPT2_THREE_RANKS: dict[str, tuple[dict | None, dict]] = {
+    "3layer-tied-relu-inner:gpipe:4:transformer.h.1,final": ({"shared_embed_weight": [0, 2]}, {}),
+    "3layer-tied-relu-inner:1f1b:3:transformer.h.0,transformer.h.2": ({"shared_embed_weight": [0, 2]}, {}),
+    "3layer-tied-relu-inner:1f1b:4:optimal": (None, {}),
+    "3layer-tied-relu-inner:gpipe:3:transformer.h.1,transformer.h.2:allreduce": ({"shared_embed_weight": [0, 2]}, {}),
 }
 # BartForConditionalGeneration: encoder.embed, model.encoder.layers.N, decoder.embed, model.decoder.layers.N,
 # lm_head; the shared embedding feeds both stacks and the tied head.
