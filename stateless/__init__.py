@@ -1,7 +1,9 @@
 """Runtime layers and helpers imported by generated model code (depends on torch only)."""
 
 from stateless.checks import is_None, is_not_None
+from stateless.dtypes import finfo_value
 from stateless.fp16 import cast_to_half_weight, clamp_inf_fp16
+from stateless.layerdrop import LayerDrop, unless_dropped
 from stateless.layers import StatelessEmbedding, StatelessLinear
 from stateless.sharing import (
     call_shared,
@@ -13,11 +15,13 @@ from stateless.sharing import (
 )
 
 __all__ = [
+    "LayerDrop",
     "StatelessEmbedding",
     "StatelessLinear",
     "call_shared",
     "cast_to_half_weight",
     "clamp_inf_fp16",
+    "finfo_value",
     "is_None",
     "is_not_None",
     "is_stateless",
@@ -25,4 +29,5 @@ __all__ = [
     "make_stateless",
     "shared_weight",
     "stateful_state_dict",
+    "unless_dropped",
 ]

@@ -84,15 +84,18 @@ def test_diff_shows_original_to_generated(tmp_path: Path, capsys: pytest.Capture
 def test_list_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--list"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert [line.split(":")[0] for line in lines] == ["gpt2", "t5"]
-    assert lines[0].startswith("gpt2: transformers transformers/models/gpt2/modeling_gpt2.py")
-    assert lines[1].startswith("t5: transformers transformers/models/t5/modeling_t5.py")
+    assert [line.split(":")[0] for line in lines] == ["bart", "gpt2", "t5"]
+    assert lines[0].startswith("bart: transformers transformers/models/bart/modeling_bart.py")
+    assert lines[1].startswith("gpt2: transformers transformers/models/gpt2/modeling_gpt2.py")
+    assert lines[2].startswith("t5: transformers transformers/models/t5/modeling_t5.py")
     assert all(line.endswith("versions known to work: 4.5.1") for line in lines)
 
 
-def test_committed_gpt2_code_is_in_sync(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("family", ["gpt2", "bart"])
+def test_committed_code_is_in_sync(family: str, monkeypatch: pytest.MonkeyPatch,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(REPO)
-    code = main(["gpt2", "--version", "4.5.1", "--cache-dir", str(SOURCE_CACHE), "--check", "--from", "cache"])
+    code = main([family, "--version", "4.5.1", "--cache-dir", str(SOURCE_CACHE), "--check", "--from", "cache"])
     assert code == 0, capsys.readouterr().out
 
 
@@ -225,9 +228,9 @@ def assert_rejected(args: list[str], out: Path, capsys: pytest.CaptureFixture[st
 
 
 def test_unknown_family(out_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    line = assert_rejected(["bart", "--version", "4.5.1", "--output-dir", str(out_dir)], out_dir, capsys,
-                           "unknown model family 'bart'")
-    assert "known families: gpt2, t5" in line
+    line = assert_rejected(["nosuch", "--version", "4.5.1", "--output-dir", str(out_dir)], out_dir, capsys,
+                           "unknown model family 'nosuch'")
+    assert "known families: bart, gpt2, t5" in line
 
 
 @pytest.mark.parametrize("version", ["4.5.x", "../4.5.1", "", "4.5.1; rm -rf /", "4.5.1/../../x"])

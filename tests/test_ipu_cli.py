@@ -97,4 +97,4 @@ def test_a_family_without_ipu_roles_is_refused(tmp_path: Path, capsys: pytest.Ca
     plan = t5_plan(t5("stateless"), 4, "stateless")
     plan.model["family"] = "nosuch"  # a family no recipe defines (bert will be one)
     assert run_ipu(parse("nosuch", "--ipu-code", str(tmp_path / "c.py")), plan) == 2
-    assert "the IPU target knows no family 'nosuch' (known: gpt2, t5" in capsys.readouterr().err
+    assert "the IPU target knows no family 'nosuch' (known: bart, gpt2, t5" in capsys.readouterr().err

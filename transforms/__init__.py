@@ -5,9 +5,11 @@ from transforms.base import Transform
 from transforms.buffer_slices import BufferSlices
 from transforms.copy_definitions import CopyDefinitions
 from transforms.dropout_module import DropoutModule
+from transforms.finfo_values import FinfoValues
 from transforms.fp16_clamp import Fp16Clamp
 from transforms.half_weight_cast import HalfWeightCast
 from transforms.hoist_modules import HoistModules
+from transforms.layer_drop import LayerDropLoop
 from transforms.none_checks import NoneChecks
 from transforms.override_inherited import OverrideInherited
 from transforms.remove_classes import RemoveClasses
@@ -33,6 +35,8 @@ REGISTRY: dict[str, type[Transform]] = {
     "shift_right": FunctionalShiftRight,
     "half_weight_cast": HalfWeightCast,
     "fp16_clamp": Fp16Clamp,
+    "finfo_values": FinfoValues,
+    "layer_drop": LayerDropLoop,
     "torch_assert": TorchAssert,
     "buffer_slices": BufferSlices,
     "sym_numbers": SymNumbers,

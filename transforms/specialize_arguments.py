@@ -106,6 +106,15 @@ class SpecializeArguments(Transform):
         def _attn(self, q, k):                                             # after
         ...     self._attn(q, k)
 
+    A *required* parameter the recipe fixes goes the same way from a method or a
+    module-level function: its callers passed it by keyword, which they lost
+    above (BART's ``encoder_layer(h, mask, layer_head_mask=...)``), or
+    positionally in a local call, which loses the argument as shown.  A nested
+    function keeps its required parameters: its calls are not resolved::
+
+        def forward(self, x, layer_head_mask):      # before
+        def forward(self, x):                       # after
+
     ``pure_methods`` names methods whose calls may be dropped when their
     result is unused (e.g. ``get_head_mask``).
     """
@@ -131,9 +140,7 @@ class SpecializeArguments(Transform):
             call for call in index.nodes(cst.Call)
             if any(arg.keyword is not None and arg.keyword.value in self.constants for arg in call.args)]
         for function in index.nodes(cst.FunctionDef):
-            params = function.params
-            if any(p.name.value in self.constants and p.default is not None
-                   for p in all_params(params)):
+            if self._fixed(function):
                 found.append(function)
         # Functions reading every name of some fact: only there can a fact apply.
         readers: dict[str, set[int]] = {}
@@ -148,10 +155,17 @@ class SpecializeArguments(Transform):
         found.extend(call for call in index.nodes(cst.Call) if id(call) in self._positional)
         return found
 
+    def _fixed(self, function: cst.FunctionDef) -> set[str]:
+        """The parameters of ``function`` that the specialization removes (see the class docstring)."""
+        nested = any(isinstance(node, cst.FunctionDef) for node in self.index.ancestors(function))
+        return {p.name.value for p in all_params(function.params)
+                if p.name.value in self.constants and (p.default is not None or not nested)}
+
     def _kept_positions(self, function: cst.FunctionDef, method: bool) -> list[bool] | None:
         """Per positional parameter (a method's receiver left out), whether it stays; None if none goes."""
         params = [*function.params.posonly_params, *function.params.params][1 if method else 0:]
-        keep = [p.name.value not in self.constants or p.default is None for p in params]
+        fixed = self._fixed(function)
+        keep = [p.name.value not in fixed for p in params]
         return None if all(keep) else keep
 
     def _positional_drops(self) -> dict[int, list[bool]]:
@@ -237,9 +251,8 @@ class SpecializeArguments(Transform):
         if self._dropped_keywords:
             self._dropped_keywords[-1] += dropped
         params = updated_node.params
-        # Only optional parameters: a caller may pass a required one positionally.
-        specialized = [p.name.value for p in all_params(params)
-                       if p.name.value in self.constants and p.default is not None]
+        fixed = self._fixed(original_node)
+        specialized = [p.name.value for p in all_params(params) if p.name.value in fixed]
         if not isinstance(updated_node.body, cst.IndentedBlock):
             return updated_node
         body, used_facts = updated_node.body, False
@@ -259,10 +272,16 @@ class SpecializeArguments(Transform):
         assert isinstance(original_node.body, cst.IndentedBlock)
         statements = liveness.remove_dead(statements, liveness.live(original_node.body.body))
         statements = self._bind_at_entry(statements, [name for name in specialized if name in folder.observed])
+        positional, star, kwonly = _without(params.params, fixed), params.star_arg, _without(params.kwonly_params, fixed)
+        if isinstance(star, cst.ParamStar) and not kwonly:  # a bare `*` needs a keyword-only parameter after it
+            star = cst.MaybeSentinel.DEFAULT
+            if positional and params.star_kwarg is None:
+                positional[-1] = positional[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
         return updated_node.with_changes(params=params.with_changes(
-            posonly_params=self._without(params.posonly_params),
-            params=self._without(params.params),
-            kwonly_params=self._without(params.kwonly_params),
+            posonly_params=_without(params.posonly_params, fixed),
+            params=positional,
+            star_arg=star,
+            kwonly_params=kwonly,
         ), body=indented(statements, updated_node.body))
 
     def _bind_at_entry(self, statements: list[cst.BaseStatement], names: list[str]) -> list[cst.BaseStatement]:
@@ -272,5 +291,6 @@ class SpecializeArguments(Transform):
         docstring = 1 if statements and is_docstring(statements[0]) else 0
         return [*statements[:docstring], *entry, *statements[docstring:]]
 
-    def _without(self, params: Sequence[cst.Param]) -> list[cst.Param]:
-        return drop_items(params, [p.name.value not in self.constants or p.default is None for p in params])
+
+def _without(params: Sequence[cst.Param], fixed: set[str]) -> list[cst.Param]:
+    return drop_items(params, [p.name.value not in fixed for p in params])
