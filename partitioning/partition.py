@@ -16,7 +16,10 @@ exchange of their gradient per micro-batch; the model inputs it reads must
 reach the stage too (free where they cross anyway).  Sending costs the
 value's bytes at the link bandwidth.  The choice is per value, the same at
 every cut (so no stage recomputes a value only to pass it on), and the same
-for values a backend cannot tell apart (same key).  Ties are broken exactly:
+for values a backend cannot tell apart (same key).  Because that choice is made
+per value, not per split, it can move time onto a stage that becomes the
+bottleneck: the partitioner also plans with every value sent and keeps that
+plan when its bottleneck is strictly lower.  Ties are broken exactly:
 among splits with the same bottleneck, the least total bytes over the cuts,
 then the lexicographically smallest stage ends.  Every comparison is between
 floats computed the same way from exact segment sums (``math.fsum`` is
@@ -28,7 +31,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from partitioning.plan import Block, Plan, PlanError, Stage, Value
@@ -322,11 +325,22 @@ def partition(blocks: Sequence[Block], stages: int, settings: Settings, model: d
     """The optimal plan: least bottleneck over all contiguous splits that fit the memory limit."""
     check_stage_count(len(blocks), stages)
     costs = ChainCosts(blocks, settings, (model or {}).get("shared_bytes"), values)
+    plan = _optimal(blocks, stages, costs, model or {})
+    if costs.recomputed:
+        sent = ChainCosts(blocks, replace(settings, recompute=False), (model or {}).get("shared_bytes"), values)
+        other = _optimal(blocks, stages, sent, model or {})
+        if other is not None and (plan is None or other.bottleneck < plan.bottleneck):
+            return other
+    if plan is None:
+        raise PlanError(_memory_diagnosis(blocks, stages, costs))
+    return plan
+
+
+def _optimal(blocks: Sequence[Block], stages: int, costs: ChainCosts, model: dict[str, Any]) -> Plan | None:
+    """The optimal split under ``costs``, or None when none fits the memory limit."""
     segments = min_max_split(len(blocks), stages, lambda s, i, j: costs.cost(i, j),
                              lambda s, i, j: costs.fits(s, stages, i, j), costs.cut_bytes)
-    if segments is None:
-        raise PlanError(_memory_diagnosis(blocks, stages, costs))
-    return build_plan(blocks, segments, settings, model or {}, costs)
+    return None if segments is None else build_plan(blocks, segments, costs.settings, model, costs)
 
 
 def _memory_diagnosis(blocks: Sequence[Block], stages: int, costs: ChainCosts) -> str:
