@@ -16,7 +16,10 @@ exchange of their gradient per micro-batch; the model inputs it reads must
 reach the stage too (free where they cross anyway).  Sending costs the
 value's bytes at the link bandwidth.  The choice is per value, the same at
 every cut (so no stage recomputes a value only to pass it on), and the same
-for values a backend cannot tell apart (same key).  Ties are broken exactly:
+for values a backend cannot tell apart (same key).  Because that choice is made
+per value, not per split, it can move time onto a stage that becomes the
+bottleneck: the partitioner also plans with every value sent and keeps that
+plan when its bottleneck is strictly lower.  Ties are broken exactly:
 among splits with the same bottleneck, the least total bytes over the cuts,
 then the lexicographically smallest stage ends.  Every comparison is between
 floats computed the same way from exact segment sums (``math.fsum`` is
@@ -28,7 +31,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from partitioning.plan import Block, Plan, PlanError, Stage, Value
@@ -54,18 +57,42 @@ class Settings:
     recompute: bool = True  # recompute crossing values where cheaper than sending them
 
     def __post_init__(self) -> None:
-        if not self.device_flops > 0 or not self.bandwidth > 0:
-            raise PlanError("device FLOP/s and bandwidth must be positive")
+        # Finite too: the flags are finite, but TFLOP/s x 1e12 can overflow to infinity, which JSON cannot hold.
+        if not 0 < self.device_flops < math.inf or not 0 < self.bandwidth < math.inf:
+            raise PlanError(f"device FLOP/s ({self.device_flops:g}) and bandwidth ({self.bandwidth:g} B/s) must be "
+                            f"finite and positive")
         if self.micro_batches < 1:
             raise PlanError(f"micro-batches must be at least 1, got {self.micro_batches}")
         if self.schedule not in SCHEDULES:
             raise PlanError(f"unknown schedule {self.schedule!r}; known: {', '.join(SCHEDULES)}")
-        if self.memory_limit is not None and not self.memory_limit > 0:
-            raise PlanError(f"the memory limit must be positive, got {self.memory_limit}")
+        if self.memory_limit is not None and not 0 < self.memory_limit < math.inf:
+            raise PlanError(f"the memory limit must be finite and positive, got {self.memory_limit:g} bytes")
         if self.optimizer_states < 0:
             raise PlanError(f"optimizer states must be >= 0, got {self.optimizer_states}")
         if not self.memory_bandwidth > 0 or not self.backward_factor >= 0:
             raise PlanError("memory bandwidth must be positive and the backward factor non-negative")
+
+    @classmethod
+    def from_plan(cls, settings: Mapping[str, Any]) -> Settings:
+        """The settings a plan file records (those this release knows), each checked against its field's type."""
+        values = {}
+        for item in fields(cls):
+            if item.name not in settings:
+                continue
+            value, default = settings[item.name], item.default
+            number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if isinstance(default, bool):
+                ok = isinstance(value, bool)
+            elif isinstance(default, int):
+                ok = number and isinstance(value, int)
+            elif isinstance(default, str):
+                ok = isinstance(value, str)
+            else:  # a float, or None for a limit that is a number when set
+                ok = number or (default is None and value is None)
+            if not ok:
+                raise PlanError(f"not a plan file: settings.{item.name} must be like {default!r}, got {value!r:.40}")
+            values[item.name] = value
+        return cls(**values)
 
     @property
     def state_copies(self) -> int:
@@ -298,11 +325,22 @@ def partition(blocks: Sequence[Block], stages: int, settings: Settings, model: d
     """The optimal plan: least bottleneck over all contiguous splits that fit the memory limit."""
     check_stage_count(len(blocks), stages)
     costs = ChainCosts(blocks, settings, (model or {}).get("shared_bytes"), values)
+    plan = _optimal(blocks, stages, costs, model or {})
+    if costs.recomputed:
+        sent = ChainCosts(blocks, replace(settings, recompute=False), (model or {}).get("shared_bytes"), values)
+        other = _optimal(blocks, stages, sent, model or {})
+        if other is not None and (plan is None or other.bottleneck < plan.bottleneck):
+            return other
+    if plan is None:
+        raise PlanError(_memory_diagnosis(blocks, stages, costs))
+    return plan
+
+
+def _optimal(blocks: Sequence[Block], stages: int, costs: ChainCosts, model: dict[str, Any]) -> Plan | None:
+    """The optimal split under ``costs``, or None when none fits the memory limit."""
     segments = min_max_split(len(blocks), stages, lambda s, i, j: costs.cost(i, j),
                              lambda s, i, j: costs.fits(s, stages, i, j), costs.cut_bytes)
-    if segments is None:
-        raise PlanError(_memory_diagnosis(blocks, stages, costs))
-    return build_plan(blocks, segments, settings, model or {}, costs)
+    return None if segments is None else build_plan(blocks, segments, costs.settings, model, costs)
 
 
 def _memory_diagnosis(blocks: Sequence[Block], stages: int, costs: ChainCosts) -> str:

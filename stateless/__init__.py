@@ -1,7 +1,9 @@
 """Runtime layers and helpers imported by generated model code (depends on torch only)."""
 
 from stateless.checks import is_None, is_not_None
+from stateless.dtypes import finfo_value
 from stateless.fp16 import clamp_inf_fp16
+from stateless.layerdrop import LayerDrop, unless_dropped
 from stateless.leaves import finfo, setitem
 from stateless.layers import StatelessEmbedding, StatelessLinear
 from stateless.sharing import (
@@ -14,11 +16,13 @@ from stateless.sharing import (
 )
 
 __all__ = [
+    "LayerDrop",
     "StatelessEmbedding",
     "StatelessLinear",
     "call_shared",
     "clamp_inf_fp16",
     "finfo",
+    "finfo_value",
     "is_None",
     "is_not_None",
     "is_stateless",
@@ -27,4 +31,5 @@ __all__ = [
     "setitem",
     "shared_weight",
     "stateful_state_dict",
+    "unless_dropped",
 ]

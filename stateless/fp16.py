@@ -15,11 +15,13 @@ import torch
 _FP16_CLAMP = torch.finfo(torch.float16).max - 1000
 
 
-def clamp_inf_fp16(hidden_states: torch.Tensor) -> torch.Tensor:
-    """Clamp a float16 tensor to +-(float16 max - 1000) when any of its elements is infinite.
+def clamp_inf_fp16(hidden_states: torch.Tensor, nan: bool = False) -> torch.Tensor:
+    """Clamp a float16 tensor to +-(float16 max - 1000) when any of its elements is infinite (or, with
+    ``nan``, NaN).
 
     Same values and gradients as HF's
-    ``if x.dtype == torch.float16 and torch.isinf(x).any(): x = torch.clamp(x, min=-c, max=c)``,
+    ``if x.dtype == torch.float16 and torch.isinf(x).any(): x = torch.clamp(x, min=-c, max=c)``
+    (``... and (torch.isinf(x).any() or torch.isnan(x).any())`` with ``nan``),
     but the data-dependent branch is a ``torch.where`` on a 0-d condition, so
     torch.export needs no guard on tensor data.  Other dtypes are returned as they are.
     """
@@ -27,5 +29,7 @@ def clamp_inf_fp16(hidden_states: torch.Tensor) -> torch.Tensor:
     if hidden_states.dtype != torch.float16:
         return hidden_states
     clamped = torch.clamp(hidden_states, min=-_FP16_CLAMP, max=_FP16_CLAMP)
-    return torch.where(torch.isinf(hidden_states).any(), clamped, hidden_states)
-
+    condition = torch.isinf(hidden_states).any()
+    if nan:
+        condition = condition | torch.isnan(hidden_states).any()
+    return torch.where(condition, clamped, hidden_states)

@@ -91,6 +91,8 @@ def test_list_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert lines["t5"] == ("t5: transformers transformers/models/t5/modeling_t5.py; verified releases: "
                            + ", ".join(v[1:].replace("_", ".") for v in verified)
                            + "; any other release converts unverified, with a warning")
+    assert lines["bart"] == ("bart: transformers transformers/models/bart/modeling_bart.py; verified releases: 4.5.1; "
+                             "any other release converts unverified, with a warning")
     assert lines["gpt2"] == ("gpt2: transformers transformers/models/gpt2/modeling_gpt2.py; verified releases: 4.5.1; "
                              "any other release converts unverified, with a warning")
 
@@ -121,9 +123,11 @@ def test_an_unverified_release_a_transform_cannot_apply_to_is_one_line(tmp_path:
     assert not out.exists()
 
 
-def test_committed_gpt2_code_is_in_sync(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("family", ["gpt2", "bart"])
+def test_committed_code_is_in_sync(family: str, monkeypatch: pytest.MonkeyPatch,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(REPO)
-    code = main(["gpt2", "--version", "4.5.1", "--cache-dir", str(SOURCE_CACHE), "--check", "--from", "cache"])
+    code = main([family, "--version", "4.5.1", "--cache-dir", str(SOURCE_CACHE), "--check", "--from", "cache"])
     assert code == 0, capsys.readouterr().out
 
 
@@ -256,9 +260,9 @@ def assert_rejected(args: list[str], out: Path, capsys: pytest.CaptureFixture[st
 
 
 def test_unknown_family(out_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    line = assert_rejected(["bart", "--version", "4.5.1", "--output-dir", str(out_dir)], out_dir, capsys,
-                           "unknown model family 'bart'")
-    assert "known families: gpt2, t5" in line
+    line = assert_rejected(["nosuch", "--version", "4.5.1", "--output-dir", str(out_dir)], out_dir, capsys,
+                           "unknown model family 'nosuch'")
+    assert "known families: bart, gpt2, t5" in line
 
 
 @pytest.mark.parametrize("version", ["4.5.x", "../4.5.1", "", "4.5.1; rm -rf /", "4.5.1/../../x"])

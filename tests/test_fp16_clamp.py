@@ -46,6 +46,31 @@ def test_hf_clamp_becomes_a_helper_call_keeping_its_comment() -> None:
         """)
 
 
+def test_bart_guard_with_nan_passes_nan_true() -> None:
+    assert_rewrites(Fp16Clamp, """\
+        import torch
+
+
+        def forward(hidden_states):
+            if hidden_states.dtype == torch.float16 and (
+                torch.isinf(hidden_states).any() or torch.isnan(hidden_states).any()
+            ):
+                clamp_value = torch.finfo(hidden_states.dtype).max - 1000
+                hidden_states = torch.clamp(hidden_states, min=-clamp_value, max=clamp_value)
+            return hidden_states
+        """, """\
+        import torch
+        from stateless import clamp_inf_fp16
+
+        torch.fx.wrap("clamp_inf_fp16")
+
+
+        def forward(hidden_states):
+            hidden_states = clamp_inf_fp16(hidden_states, nan=True)
+            return hidden_states
+        """)
+
+
 @pytest.mark.parametrize("bounds", [
     "-c, c",
     "-c, max=c",

@@ -27,6 +27,16 @@ def hf_clamp(hidden_states: Tensor) -> Tensor:
     return hidden_states
 
 
+def hf_clamp_nan(hidden_states: Tensor) -> Tensor:
+    """BartEncoderLayer's guard, as transformers 4.5.1 writes it: NaN also triggers the clamp."""
+    if hidden_states.dtype == torch.float16 and (
+        torch.isinf(hidden_states).any() or torch.isnan(hidden_states).any()
+    ):
+        clamp_value = torch.finfo(hidden_states.dtype).max - 1000
+        hidden_states = torch.clamp(hidden_states, min=-clamp_value, max=clamp_value)
+    return hidden_states
+
+
 def value_and_grad(function: Callable[[Tensor], Tensor], values: Sequence[float],
                    dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """``function``'s output and the gradient it sends back for a distinct upstream gradient per element."""
@@ -74,7 +84,22 @@ def test_clamp_matches_hf_on_any_values(values: list[float], dtype: torch.dtype)
     assert_same(value_and_grad(clamp_inf_fp16, values, dtype), value_and_grad(hf_clamp, values, dtype))
 
 
-class Norm(torch.nn.Module):
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(width=16), min_size=1, max_size=6), st.sampled_from([torch.float16, torch.float32]))
+def test_nan_variant_matches_bart_on_any_values(values: list[float], dtype: torch.dtype) -> None:
+    assert_same(value_and_grad(lambda x: clamp_inf_fp16(x, nan=True), values, dtype),
+                value_and_grad(hf_clamp_nan, values, dtype))
+
+
+def test_nan_variant_clamps_on_nan_alone() -> None:
+    values = [65504.0, math.nan, 1.0]  # no inf: only the nan variant clamps the 65504
+    assert clamp_inf_fp16(torch.tensor(values, dtype=torch.float16), nan=True)[0] < 65504.0
+    assert_same(value_and_grad(lambda x: clamp_inf_fp16(x, nan=True), values, torch.float16),
+                value_and_grad(hf_clamp_nan, values, torch.float16))
+
+
+@pytest.mark.parametrize("weight_dtype", [torch.float16, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("input_dtype", [torch.float32, torch.float16], ids=str)class Norm(torch.nn.Module):
     """The shape of rewritten T5 code: the helper called from a module's forward."""
 
     def __init__(self) -> None:

@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch import nn
 
+import bart_models
 import ftpipe_standin
 import stateless
 from t5_models import call_kwargs, config, generated, inputs
@@ -38,6 +39,11 @@ def _t5_model(class_name: str, config_name: str) -> nn.Module:
     return getattr(generated, class_name)(config(config_name))
 
 
+def _bart_model(class_name: str, config_name: str) -> nn.Module:
+    torch.manual_seed(0)
+    return getattr(bart_models.generated, class_name)(bart_models.config(config_name))
+
+
 FAMILIES = {
     "t5": Family(
         module=generated,
@@ -46,6 +52,16 @@ FAMILIES = {
         calls=(("T5ForConditionalGeneration", "labels"), ("T5ForConditionalGeneration", "labels-only"),
                ("T5ForConditionalGeneration", "logits"), ("T5Model", "hidden"), ("T5EncoderModel", "hidden")),
         call_inputs=lambda class_name, path, seed: call_kwargs(class_name, inputs(True, seed=seed), path),
+        shared_weight="shared_embed_weight",
+    ),
+    "bart": Family(
+        module=bart_models.generated,
+        configs=("2layer-untied", "3layer-tied-relu-2dec"),
+        build=_bart_model,
+        calls=(("BartForConditionalGeneration", "labels"), ("BartForConditionalGeneration", "labels-only"),
+               ("BartForConditionalGeneration", "logits"), ("BartModel", "shifted"), ("BartModel", "hidden")),
+        call_inputs=lambda class_name, path, seed: bart_models.call_kwargs(
+            class_name, bart_models.inputs(True, seed=seed), path),
         shared_weight="shared_embed_weight",
     ),
 }

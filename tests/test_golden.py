@@ -44,7 +44,8 @@ def test_there_are_golden_cases() -> None:
     assert len(CASES) >= 2
 
 
-@pytest.mark.parametrize("family,path", [("t5", "t5/v4_5_1/modeling_t5.py"), ("gpt2", "gpt2/v4_5_1/modeling_gpt2.py")])
+@pytest.mark.parametrize("family,path", [("t5", "t5/v4_5_1/modeling_t5.py"), ("gpt2", "gpt2/v4_5_1/modeling_gpt2.py"),
+                                         ("bart", "bart/v4_5_1/modeling_bart.py")])
 def test_pipeline_leaves_its_own_full_output_unchanged(family: str, path: str) -> None:
     from conftest import REPO
     generated = (REPO / "generated_models" / path).read_text()

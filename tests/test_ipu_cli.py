@@ -47,7 +47,7 @@ def test_prints_the_placement_and_writes_code_and_options(standin, tmp_path: Pat
     assert "uses shared_embed_weight: on IPU 0 with its other users" in out
     assert f"wrote {code}\nwrote {options}\n" in out
     generated = code.read_text()
-    assert "# regenerate: partition-model t5 --version 4.5.1 --target ipu --ipus 4 --ipu-form stateless\n" in generated
+    assert "# regenerate: partition-model t5 --version 4.5.1 --class T5ForConditionalGeneration --target ipu --ipus 4 --ipu-form stateless\n" in generated
     namespace: dict = {}
     exec(compile(generated, str(code), "exec"), namespace)
     model = t5("stateless")
@@ -97,4 +97,4 @@ def test_a_family_without_ipu_roles_is_refused(tmp_path: Path, capsys: pytest.Ca
     plan = t5_plan(t5("stateless"), 4, "stateless")
     plan.model["family"] = "nosuch"  # a family no recipe defines (bert will be one)
     assert run_ipu(parse("nosuch", "--ipu-code", str(tmp_path / "c.py")), plan) == 2
-    assert "the IPU target knows no family 'nosuch' (known: gpt2, t5" in capsys.readouterr().err
+    assert "the IPU target knows no family 'nosuch' (known: bart, gpt2, t5" in capsys.readouterr().err

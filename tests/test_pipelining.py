@@ -1,7 +1,7 @@
 """Pipelined training on torch.distributed.pipelining equals single-process training (torchrun, gloo, CPU).
 
 Each launch runs several cases of one family in one process group (see pipelining_worker.py): a tiny
-generated model (T5, GPT-2) with tied or untied embeddings, a plan, GPipe or 1F1B, 3 Adam steps.  Per micro-batch losses, every
+generated model (T5, GPT-2, BART) with tied or untied embeddings, a plan, GPipe or 1F1B, 3 Adam steps.  Per micro-batch losses, every
 gradient (the tied weight's after the backend's sync) and the weights after the steps must be
 torch.equal to the reference, and every replica of the tied weight identical.
 
@@ -114,19 +114,28 @@ THREE_RANKS: dict[str, tuple[dict | None, dict]] = {
 
 
 # GPT2LMHeadModel: embed, transformer.h.N, final, lm_head; the embedding and the tied head share the weight.
-GPT2_TWO_RANKS: dict[str, dict | None] = {
-    "3layer-tied-relu-inner:gpipe:2:transformer.h.2": {"shared_embed_weight": [0, 1]},
-    "3layer-tied-relu-inner:1f1b:4:lm_head": {"shared_embed_weight": [0, 1]},  # the head alone on stage 1
-    "2layer-untied:1f1b:2:transformer.h.1": {},  # untied: nothing shared across stages
+GPT2_TWO_RANKS: dict[str, tuple[dict | None, dict]] = {
+    "3layer-tied-relu-inner:gpipe:2:transformer.h.2": ({"shared_embed_weight": [0, 1]}, {}),
+    "3layer-tied-relu-inner:1f1b:4:lm_head": ({"shared_embed_weight": [0, 1]}, {}),  # the head alone on stage 1
+    "2layer-untied:1f1b:2:transformer.h.1": ({}, {}),  # untied: nothing shared across stages
 }
-GPT2_THREE_RANKS: dict[str, dict | None] = {
-    "3layer-tied-relu-inner:gpipe:4:transformer.h.1,final": {"shared_embed_weight": [0, 2]},
-    "3layer-tied-relu-inner:1f1b:3:transformer.h.0,transformer.h.2": {"shared_embed_weight": [0, 2]},
-    "3layer-tied-relu-inner:1f1b:4:optimal": None,
-    "3layer-tied-relu-inner:gpipe:3:transformer.h.1,transformer.h.2:allreduce": {"shared_embed_weight": [0, 2]},
+GPT2_THREE_RANKS: dict[str, tuple[dict | None, dict]] = {
+    "3layer-tied-relu-inner:gpipe:4:transformer.h.1,final": ({"shared_embed_weight": [0, 2]}, {}),
+    "3layer-tied-relu-inner:1f1b:3:transformer.h.0,transformer.h.2": ({"shared_embed_weight": [0, 2]}, {}),
+    "3layer-tied-relu-inner:1f1b:4:optimal": (None, {}),
+    "3layer-tied-relu-inner:gpipe:3:transformer.h.1,transformer.h.2:allreduce": ({"shared_embed_weight": [0, 2]}, {}),
+}
+# BartForConditionalGeneration: encoder.embed, model.encoder.layers.N, decoder.embed, model.decoder.layers.N,
+# lm_head; the shared embedding feeds both stacks and the tied head.
+BART_TWO_RANKS: dict[str, tuple[dict | None, dict]] = {
+    "2layer-scaled-3dec:gpipe:2:decoder.embed": ({"shared_embed_weight": [0, 1]}, {}),
+    "2layer-scaled-3dec:gpipe:2:decoder.embed:send": ({"shared_embed_weight": [0, 1]}, {}),
+    # both embeddings on stage 0, untied head on 1; stage 1 rebuilds the cross-attention mask
+    "2layer-untied:1f1b:2:model.decoder.layers.1": ({}, {1: ["model.decoder"]}),
+    "1layer-tied:1f1b:2:optimal": (None, {}),  # the partitioner's own plan
 }
 FAMILY_CASES = {("t5", 2): TWO_RANKS, ("t5", 3): THREE_RANKS, ("gpt2", 2): GPT2_TWO_RANKS,
-                ("gpt2", 3): GPT2_THREE_RANKS}
+                ("gpt2", 3): GPT2_THREE_RANKS, ("bart", 2): BART_TWO_RANKS}
 
 
 @pytest.mark.parametrize("family,ranks", list(FAMILY_CASES), ids=[f"{f}-{r}ranks" for f, r in FAMILY_CASES])
@@ -160,7 +169,7 @@ def test_pipeline_run_needs_torchrun() -> None:
         PipelineRun(T5.build("T5ForConditionalGeneration", cfg), plan, {}, micro_batches=2, schedule="gpipe")
 
 
-@pytest.mark.parametrize("family", ["t5", "gpt2"])
+@pytest.mark.parametrize("family", ["t5", "gpt2", "bart"])
 def test_partition_model_run_trains_the_plan_under_torchrun(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                             family: str) -> None:
     from model_families import FAMILIES

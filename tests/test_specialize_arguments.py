@@ -299,13 +299,43 @@ def test_nested_function_reading_the_parameter_keeps_an_entry_binding() -> None:
         """)
 
 
-def test_required_parameters_are_never_removed() -> None:
-    # A caller may pass a required parameter positionally: removing it would shift arguments.
-    assert_unchanged(SpecializeArguments, """\
+def test_required_parameters_go_from_methods_and_module_level_functions() -> None:
+    # Callers pass them by keyword (the keyword goes) or positionally in a local call (the argument goes).
+    rewrites("""\
         def project(x, head_mask):
             if head_mask is None:
                 return x
             return x * head_mask
+
+        class Layer:
+            def forward(self, hidden_states, layer_head_mask, use_cache=True, *, return_dict):
+                if use_cache or return_dict:
+                    return hidden_states, layer_head_mask
+                return hidden_states
+
+        def caller(layer, x):
+            return project(x, None) + layer(x, layer_head_mask=None, return_dict=False)
+        """, """\
+        def project(x):
+            return x
+
+        class Layer:
+            def forward(self, hidden_states):
+                return hidden_states
+
+        def caller(layer, x):
+            return project(x) + layer(x)
+        """, constants={"head_mask": "None", "layer_head_mask": "None", "use_cache": "False",
+                        "return_dict": "False"})
+
+
+def test_required_parameters_of_nested_functions_stay() -> None:
+    # A nested function's calls are not resolved: removing a parameter could shift their arguments.
+    assert_unchanged(SpecializeArguments, """\
+        def outer(x):
+            def inner(x, head_mask):
+                return x if head_mask is None else x * head_mask
+            return inner(x, None)
         """, **OPTIONS)
 
 

@@ -7,9 +7,11 @@ from transforms.copy_definitions import CopyDefinitions
 from transforms.drop_decorators import DropDecorators
 from transforms.dropout_module import DropoutModule
 from transforms.dtype_branch import DtypeBranchLeaf
+from transforms.finfo_values import FinfoValues
 from transforms.fp16_clamp import Fp16Clamp
 from transforms.hoist_modules import HoistModules
 from transforms.item_assignment import ItemAssignment
+from transforms.layer_drop import LayerDropLoop
 from transforms.leaf_calls import LeafCalls
 from transforms.none_checks import NoneChecks
 from transforms.optional_imports import OptionalImports
@@ -45,6 +47,8 @@ REGISTRY: dict[str, type[Transform]] = {
     "leaf_calls": LeafCalls,
     "item_assignment": ItemAssignment,
     "fp16_clamp": Fp16Clamp,
+    "finfo_values": FinfoValues,
+    "layer_drop": LayerDropLoop,
     "torch_assert": TorchAssert,
     "buffer_slices": BufferSlices,
     "sym_numbers": SymNumbers,

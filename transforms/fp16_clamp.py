@@ -22,8 +22,11 @@ class Fp16Clamp(LeafHelperRewrite):
     The guard reads tensor data (``torch.isinf(x).any()``), which neither
     ``symbolic_trace`` nor torch.export can branch on; the helper selects the
     clamped tensor with ``torch.where`` instead.  Leading comments stay; a block
-    whose bound is read elsewhere is left alone with a warning.  Option ``module``
-    is where the generated code imports the helper from::
+    whose bound is read elsewhere is left alone with a warning.  The guard may
+    also fire on NaN elements (``... and (torch.isinf(x).any() or
+    torch.isnan(x).any())``, BART's encoder layer); the helper then gets
+    ``nan=True``.  Option ``module`` is where the generated code imports the
+    helper from::
 
         if hidden_states.dtype == torch.float16 and torch.isinf(hidden_states).any():  # before
             clamp_value = torch.finfo(hidden_states.dtype).max - 1000
@@ -38,9 +41,8 @@ class Fp16Clamp(LeafHelperRewrite):
         """``if x.dtype == torch.float16 and torch.isinf(x).any(): bound = ...; x = torch.clamp(x, ...)``."""
         x_dtype = m.Attribute(value=x, attr=m.Name("dtype"))
         is_half = m.Comparison(left=x_dtype, comparisons=[m.ComparisonTarget(m.Equal(), self.resolves_to(*FLOAT16))])
-        has_inf = m.Call(func=m.Attribute(value=m.Call(func=self.resolves_to("torch.isinf"), args=[_positional(x)]),
-                                          attr=m.Name("any")),
-                         args=[])
+        has_inf = self._any(x, "torch.isinf")
+        has_inf_or_nan = m.BooleanOperation(left=has_inf, operator=m.Or(), right=self._any(x, "torch.isnan"))
         finfo_max = m.Attribute(value=m.Call(func=self.resolves_to("torch.finfo"), args=[_positional(x_dtype)]),
                                 attr=m.Name("max"))
         bound_value = m.Assign(targets=[m.AssignTarget(bound)],
@@ -54,8 +56,13 @@ class Fp16Clamp(LeafHelperRewrite):
         )
         clamp = m.Assign(targets=[m.AssignTarget(x)],
                          value=m.Call(func=self.resolves_to("torch.clamp"), args=clamp_args))
-        return m.If(test=m.BooleanOperation(left=is_half, operator=m.And(), right=has_inf),
+        return m.If(test=m.BooleanOperation(left=is_half, operator=m.And(), right=has_inf | has_inf_or_nan),
                     body=block(bound_value, clamp), orelse=None)
+
+    def _any(self, x: m.BaseExpressionMatchType, test: str) -> m.Call:
+        """``<test>(x).any()``."""
+        return m.Call(func=m.Attribute(value=m.Call(func=self.resolves_to(test), args=[_positional(x)]),
+                                       attr=m.Name("any")), args=[])
 
     def candidate(self, node: cst.If) -> bool:
         test = node.test  # ``<x>.dtype == ... and ...``
@@ -70,7 +77,13 @@ class Fp16Clamp(LeafHelperRewrite):
         if self._read_outside_idioms(bound):
             self.warn(f"fp16 clamp of {x.value!r} kept: {bound.value!r} is read outside the block")
             return None
-        return cst.Assign(targets=[cst.AssignTarget(cst.Name(x.value))], value=self.helper_call(cst.Name(x.value)))
+        call = self.helper_call(cst.Name(x.value))
+        test = node.test
+        assert isinstance(test, cst.BooleanOperation)
+        if isinstance(test.right, cst.BooleanOperation):  # the guard also fires on NaN
+            call = call.with_changes(args=[*call.args, cst.Arg(cst.Name("True"), keyword=cst.Name("nan"), equal=cst.AssignEqual(
+                cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
+        return cst.Assign(targets=[cst.AssignTarget(cst.Name(x.value))], value=call)
 
     def _idiom_names(self, node: cst.If) -> tuple[cst.Name, cst.Name] | None:
         """The clamped variable and the assigned bound, if ``node`` is the idiom."""

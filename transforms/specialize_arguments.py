@@ -180,6 +180,15 @@ class SpecializeArguments(Transform):
         def _attn(self, q, k):                                             # after
         ...     self._attn(q, k)
 
+    A *required* parameter the recipe fixes goes the same way from a method or a
+    module-level function: its callers passed it by keyword, which they lost
+    above (BART's ``encoder_layer(h, mask, layer_head_mask=...)``), or
+    positionally in a local call, which loses the argument as shown.  A nested
+    function keeps its required parameters: its calls are not resolved::
+
+        def forward(self, x, layer_head_mask):      # before
+        def forward(self, x):                       # after
+
     ``pure_methods`` names methods whose calls may be dropped when their
     result is unused (e.g. ``get_head_mask``).
     """
@@ -206,9 +215,7 @@ class SpecializeArguments(Transform):
         index = self.index
         found: list[cst.CSTNode] = list(self._plan_calls())
         for function in index.nodes(cst.FunctionDef):
-            params = function.params
-            if any(p.name.value in self.constants and p.default is not None
-                   for p in all_params(params)):
+            if self._fixed(function):
                 found.append(function)
         # Functions reading every name of some fact: only there can a fact apply.
         readers: dict[str, set[int]] = {}
@@ -220,6 +227,12 @@ class SpecializeArguments(Transform):
                                            for fact in self.facts if fact.names))
         found.extend(f for f in index.nodes(cst.FunctionDef) if id(f) in self._fact_readers)
         return found
+
+    def _fixed(self, function: cst.FunctionDef) -> set[str]:
+        """The parameters of ``function`` that the specialization removes (see the class docstring)."""
+        nested = any(isinstance(node, cst.FunctionDef) for node in self.index.ancestors(function))
+        return {p.name.value for p in all_params(function.params)
+                if p.name.value in self.constants and (p.default is not None or not nested)}
 
     def _plan_calls(self) -> list[cst.Call]:
         """The arguments to drop from calls of functions the module defines, by position and keyword.
@@ -236,8 +249,7 @@ class SpecializeArguments(Transform):
                     planned.append(call)
                 continue
             parameters = callee.parameters()
-            removed = {p.name.value for p in all_params(callee.function.params)
-                       if p.name.value in self.constants and p.default is not None}
+            removed = self._fixed(callee.function)
             drops = set()
             positional = True
             for position, arg in enumerate(call.args):
@@ -307,9 +319,8 @@ class SpecializeArguments(Transform):
         if self._dropped_keywords:
             self._dropped_keywords[-1] += dropped
         params = updated_node.params
-        # Only optional parameters: a caller may pass a required one positionally.
-        specialized = [p.name.value for p in all_params(params)
-                       if p.name.value in self.constants and p.default is not None]
+        fixed = self._fixed(original_node)
+        specialized = [p.name.value for p in all_params(params) if p.name.value in fixed]
         if not isinstance(updated_node.body, cst.IndentedBlock):
             return updated_node
         body, used_facts = updated_node.body, list[Fact]()
@@ -340,10 +351,16 @@ class SpecializeArguments(Transform):
             folder.observed |= observed
             statements = liveness.remove_dead(statements, live_before)
         statements = self._bind_at_entry(statements, [name for name in specialized if name in folder.observed])
+        positional, star, kwonly = _without(params.params, fixed), params.star_arg, _without(params.kwonly_params, fixed)
+        if isinstance(star, cst.ParamStar) and not kwonly:  # a bare `*` needs a keyword-only parameter after it
+            star = cst.MaybeSentinel.DEFAULT
+            if positional and params.star_kwarg is None:
+                positional[-1] = positional[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
         return updated_node.with_changes(params=params.with_changes(
-            posonly_params=self._without(params.posonly_params),
-            params=self._without(params.params),
-            kwonly_params=self._without(params.kwonly_params),
+            posonly_params=_without(params.posonly_params, fixed),
+            params=positional,
+            star_arg=star,
+            kwonly_params=kwonly,
         ), body=indented(statements, updated_node.body))
 
     def _bind_at_entry(self, statements: list[cst.BaseStatement], names: list[str]) -> list[cst.BaseStatement]:
@@ -353,5 +370,6 @@ class SpecializeArguments(Transform):
         docstring = 1 if statements and is_docstring(statements[0]) else 0
         return [*statements[:docstring], *entry, *statements[docstring:]]
 
-    def _without(self, params: Sequence[cst.Param]) -> list[cst.Param]:
-        return drop_items(params, [p.name.value not in self.constants or p.default is None for p in params])
+
+def _without(params: Sequence[cst.Param], fixed: set[str]) -> list[cst.Param]:
+    return drop_items(params, [p.name.value not in fixed for p in params])
