@@ -1004,7 +1004,6 @@ class T5Stack(T5PreTrainedModel):
                 attention_mask,
                 inputs_embeds,
                 cache_position,
-                None,
             )
         elif is_not_None(attention_mask):
             causal_mask = attention_mask[:, None, None, :]
@@ -1072,23 +1071,13 @@ class T5Stack(T5PreTrainedModel):
         attention_mask: Union[torch.Tensor, "BlockMask"],
         input_tensor: torch.Tensor,
         cache_position: torch.Tensor,
-        past_key_values: Cache,
     ):
-
-        # For SDPA, when possible, we will rely on its `is_causal` argument instead of its `attn_mask` argument, in
-        # order to dispatch on Flash Attention 2. This feature is not compatible with static cache, as SDPA will fail
-        # to infer the attention mask.
-        past_seen_tokens = past_key_values.get_seq_length() if is_not_None(past_key_values) else 0
-        using_compilable_cache = past_key_values.is_compileable if is_not_None(past_key_values) else False
 
         dtype = input_tensor.dtype
         sequence_length = input_tensor.shape[1]
-        if using_compilable_cache:
-            target_length = past_key_values.get_max_cache_shape()
-        else:
-            target_length = (
-                attention_mask.shape[-1]
-            )
+        target_length = (
+            attention_mask.shape[-1]
+        )
 
         # In case the provided `attention` mask is 2D, we generate a causal mask here (4D).
         causal_mask = self._prepare_4d_causal_attention_mask_with_cache_position(
