@@ -52,7 +52,7 @@ def test_misspelled_top_level_key() -> None:
     assert error_of(HEAD + 'clases = ["Toy"]\n') == (
         "recipe toy.toml: clases: unknown key (did you mean classes?); "
         "known: family, package, source, classes, support, support_versions, versions, transforms, model, pipeline, "
-            "shapes")
+            "shapes, ipu")
 
 
 def test_misspelled_option_key() -> None:
