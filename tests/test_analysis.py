@@ -205,6 +205,11 @@ def test_fact_guards(expression: str, value: str, guard: str) -> None:
     assert code_of(Fact(E(expression), E(value), "why").guard()).strip() == guard
 
 
+def test_a_fact_may_give_its_own_check() -> None:
+    fact = Fact(E("self.model_parallel"), E("False"), "why", E("not self.model_parallel"))
+    assert code_of(fact.guard()).strip() == "torch._assert(not self.model_parallel, 'why')"
+
+
 def test_facts_are_replaced_and_guarded_once_on_unrebound_names() -> None:
     function = cst.parse_module(dedent("""\
         def f(m):
@@ -229,3 +234,15 @@ def test_facts_are_replaced_and_guarded_once_on_unrebound_names() -> None:
 def test_a_fact_value_must_be_a_constant() -> None:
     with pytest.raises(ValueError, match="not a literal constant"):
         Fact(E("m.dim()"), E("n"), "why")
+
+
+def test_an_assignment_to_a_fact_expression_is_left_alone() -> None:
+    function = cst.parse_module(dedent("""\
+        def parallelize(self):
+            self.model_parallel = True
+            self.model_parallel += 0
+        """)).body[0]
+    assert isinstance(function, cst.FunctionDef) and isinstance(function.body, cst.IndentedBlock)
+    fact = Fact(E("self.model_parallel"), E("False"), "why", E("not self.model_parallel"))
+    rewritten, used = rewrite_facts([fact], function.body)
+    assert not used and rewritten.deep_equals(function.body)

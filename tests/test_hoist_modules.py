@@ -204,7 +204,8 @@ def test_modules_with_parameters_are_hoisted_with_a_warning() -> None:
     ("for v in x:\n            if v:\n                y = loss(x, x)\n"
      "            loss = nn.MSELoss()\n        return y",
      "line 11: module not hoisted: `loss` is used before it is assigned"),
-    ("y = nn.ReLU()(x)\n        return y", "line 8: module built inside an expression"),
+    ("y = [nn.ReLU()][0](x)\n        return y", "line 8: module built inside an expression"),
+    ("y = nn.Softmax(dim=mode)(x)\n        return y", "line 8: module not hoisted: argument `mode`"),
 ])
 def test_left_with_a_warning(forward: str, warning: str) -> None:
     code = f"""\
@@ -300,3 +301,34 @@ def test_t5_source() -> None:
     forward = code(methods["forward"])
     assert "loss_fct = " not in forward
     assert "loss = self.loss_fct(lm_logits.view(-1, lm_logits.size(-1)), labels.view(-1))" in forward
+
+
+def test_a_module_built_and_called_at_once_becomes_an_attribute_named_after_its_class() -> None:
+    assert_rewrites(HoistModules, """\
+        import torch.nn as nn
+
+        class Attention(nn.Module):
+            def __init__(self, config):
+                super().__init__()
+                self.softmax_1 = None
+                self.dim = -1
+
+            def _attn(self, w):
+                w = nn.Softmax(dim=-1)(w)
+                return nn.LogSoftmax(dim=self.dim)(w) + nn.Softmax(dim=-1)(w)
+        """, """\
+        import torch.nn as nn
+
+        class Attention(nn.Module):
+            def __init__(self, config):
+                super().__init__()
+                self.softmax_1 = None
+                self.dim = -1
+                self.softmax = nn.Softmax(dim=-1)
+                self.log_softmax = nn.LogSoftmax(dim=self.dim)
+                self.softmax_2 = nn.Softmax(dim=-1)
+
+            def _attn(self, w):
+                w = self.softmax(w)
+                return self.log_softmax(w) + self.softmax_2(w)
+        """, methods=["_attn"])

@@ -65,3 +65,66 @@ def test_value_naming_unbound_names_is_a_recipe_error() -> None:
                     loss = x
                     return logits
             """, **RETURNS)
+
+
+ITEMS = {"returns": {"Base": "hidden_states", "Head": "loss if labels is not None else logits"},
+         "items": {"Head": {"self.transformer": 0}}}
+
+
+def test_a_caller_of_a_single_output_model_reads_the_value_itself() -> None:
+    assert_rewrites(SingleOutput, """\
+        class Base(Pre):
+            def forward(self, x, return_dict=None):
+                hidden_states = self.h(x)
+                if not return_dict:
+                    return tuple(v for v in [hidden_states, None] if v is not None)
+                return Output(last_hidden_state=hidden_states)
+
+
+        class Head(Pre):
+            def forward(self, x, labels=None, return_dict=None):
+                transformer_outputs = self.transformer(x, return_dict=return_dict)
+                hidden_states = transformer_outputs[0]
+                logits = self.lm_head(hidden_states) + self.transformer(x)[0]
+                loss = None
+                if not return_dict:
+                    output = (logits,) + transformer_outputs[1:]
+                    return ((loss,) + output) if loss is not None else output
+                return Output(loss=loss, logits=logits, past=transformer_outputs.past_key_values)
+        """, """\
+        class Base(Pre):
+            def forward(self, x, return_dict=None):
+                hidden_states = self.h(x)
+                if not return_dict:
+                    return hidden_states
+                return hidden_states
+
+
+        class Head(Pre):
+            def forward(self, x, labels=None, return_dict=None):
+                transformer_outputs = self.transformer(x, return_dict=return_dict)
+                hidden_states = transformer_outputs
+                logits = self.lm_head(hidden_states) + self.transformer(x)
+                loss = None
+                if not return_dict:
+                    return loss if labels is not None else logits
+                return loss if labels is not None else logits
+        """, **ITEMS)
+
+
+@pytest.mark.parametrize("body,message", [
+    ("outputs = self.transformer(x)\n        return outputs[0] + outputs[1]",
+     "Head.forward reads outputs other than as item 0"),
+    ("outputs = self.transformer(x)\n        return outputs[0] + outputs.past_key_values",
+     "Head.forward reads outputs other than as item 0"),
+    ("return self.other(x)[0]", "Head.forward has no call of self.transformer"),
+])
+def test_a_caller_that_needs_more_than_the_one_value_is_an_error(body: str, message: str) -> None:
+    from transforms.base import TransformError
+    code = f"""\
+class Head(Pre):
+    def forward(self, x):
+        {body}
+"""
+    with pytest.raises(TransformError, match=message):
+        run(SingleOutput, code, returns={}, items={"Head": {"self.transformer": 0}})

@@ -104,3 +104,26 @@ def test_t5_source() -> None:
         ("batch_size, encoder_seq_length, device=inputs_embeds.device, dtype=torch.long",
          "(batch_size, encoder_seq_length), device=inputs_embeds.device, dtype=torch.long"),
     ]
+
+
+def test_a_size_unpacked_into_a_listed_method_is_passed_whole() -> None:
+    assert_rewrites(SizeVarargs, """\
+        def merge_heads(x):
+            new_x_shape = x.size()[:-2] + (x.size(-2) * x.size(-1),)
+            return x.view(*new_x_shape).reshape(*shape)
+        """, """\
+        def merge_heads(x):
+            new_x_shape = x.size()[:-2] + (x.size(-2) * x.size(-1),)
+            return x.view(new_x_shape).reshape(*shape)
+        """, methods=["view"])
+
+
+def test_methods_other_spellings_are_left_alone() -> None:
+    assert_unchanged(SizeVarargs, """\
+        x = x.view(*shape, -1)
+        y = x.view(shape)
+        z = x.view(-1, *shape)
+        w = x.view(**kwargs)
+        v = view(*shape)
+        """, methods=["view"])
+    assert_unchanged(SizeVarargs, "x = x.view(*shape)\n")  # no methods listed: none rewritten

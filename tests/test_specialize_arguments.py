@@ -459,3 +459,88 @@ def test_specialized_function_computes_what_the_original_did(x: int, cond: bool)
     after = run(SpecializeArguments, SEMANTICS, **OPTIONS)
     assert "head_mask=None" not in after and "use_cache" not in after
     assert _call(after, "f", x, cond) == _call(SEMANTICS, "f", x, cond)
+
+
+def test_positional_arguments_for_removed_parameters_are_dropped_at_local_calls() -> None:
+    rewrites("""\
+        class Attention:
+            def _attn(self, q, k, mask=None, head_mask=None, output_attentions=False):
+                w = q * k
+                if head_mask is not None:
+                    w = w * head_mask
+                return (w,) + ((w,) if output_attentions else ())
+
+            def forward(self, q, k, mask=None, head_mask=None):
+                return self._attn(q, k, mask, head_mask, True)
+
+
+        def helper(x, use_cache=False):
+            return x
+
+        def f(self, x):
+            return helper(x, True) + self._attn(x, x, None, None)
+        """, """\
+        class Attention:
+            def _attn(self, q, k, mask=None):
+                w = q * k
+                return (w,) + ()
+
+            def forward(self, q, k, mask=None):
+                return self._attn(q, k, mask)
+
+
+        def helper(x):
+            return x
+
+        def f(self, x):
+            return helper(x) + self._attn(x, x, None, None)
+        """)
+
+
+def test_a_positional_argument_with_effects_cannot_be_dropped() -> None:
+    from transforms.base import TransformError
+    with pytest.raises(TransformError, match="cannot drop the argument `g.pop\\(\\)`"):
+        run(SpecializeArguments, """\
+            def helper(x, use_cache=False):
+                return x
+
+            def f(g):
+                return helper(1, g.pop())
+            """, **OPTIONS)
+
+
+def test_a_shadowed_function_name_is_not_a_local_callee() -> None:
+    assert_unchanged(SpecializeArguments, """\
+        def helper(x, y=None):
+            return x
+
+        def f(helper, x):
+            return helper(x, True)
+        """, **OPTIONS)
+
+
+def test_a_fact_on_module_state_with_its_own_check() -> None:
+    rewrites("""\
+        class Model:
+            def forward(self, x):
+                for layer in self.layers:
+                    if self.model_parallel:
+                        x = x.to(layer.device)
+                    x = layer(x)
+                return x
+        """, """\
+        class Model:
+            def forward(self, x):
+                for layer in self.layers:
+                    torch._assert(not self.model_parallel, 'no parallelize()')
+                    x = layer(x)
+                return x
+        """, constants={}, facts=[{"expression": "self.model_parallel", "value": "False",
+                                   "reason": "no parallelize()", "check": "not self.model_parallel"}])
+
+
+def test_a_fact_check_must_be_an_expression() -> None:
+    from transforms.options import OptionError
+    with pytest.raises(OptionError, match="facts.\\[0\\].check|facts\\[0\\].check"):
+        run(SpecializeArguments, "x = 1\n", constants={},
+            facts=[{"expression": "a", "value": "False", "check": "not ("}])

@@ -2,21 +2,28 @@
 
 from transforms.absolute_imports import AbsoluteImports
 from transforms.base import Transform
+from transforms.buffer_slices import BufferSlices
+from transforms.copy_definitions import CopyDefinitions
 from transforms.dropout_module import DropoutModule
 from transforms.fp16_clamp import Fp16Clamp
 from transforms.half_weight_cast import HalfWeightCast
 from transforms.hoist_modules import HoistModules
 from transforms.none_checks import NoneChecks
 from transforms.override_inherited import OverrideInherited
+from transforms.remove_classes import RemoveClasses
 from transforms.shared_weight import SharedWeight
 from transforms.shift_right import FunctionalShiftRight
 from transforms.single_output import SingleOutput
 from transforms.size_varargs import SizeVarargs
 from transforms.specialize_arguments import SpecializeArguments
+from transforms.sym_numbers import SymNumbers
+from transforms.torch_assert import TorchAssert
 
 REGISTRY: dict[str, type[Transform]] = {
     "absolute_imports": AbsoluteImports,
+    "remove_classes": RemoveClasses,
     "override_inherited": OverrideInherited,
+    "copy_definitions": CopyDefinitions,
     "single_output": SingleOutput,
     "specialize_arguments": SpecializeArguments,
     "shared_weight": SharedWeight,
@@ -26,5 +33,8 @@ REGISTRY: dict[str, type[Transform]] = {
     "shift_right": FunctionalShiftRight,
     "half_weight_cast": HalfWeightCast,
     "fp16_clamp": Fp16Clamp,
+    "torch_assert": TorchAssert,
+    "buffer_slices": BufferSlices,
+    "sym_numbers": SymNumbers,
     "none_checks": NoneChecks,
 }

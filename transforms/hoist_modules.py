@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -54,6 +55,11 @@ class HoistModules(Transform):
             self.loss_fct = CrossEntropyLoss(ignore_index=-100)
         def forward(self, logits, labels):
             return self.loss_fct(logits, labels)
+
+    A module built and called at once gets an attribute named after its class::
+
+        w = nn.Softmax(dim=-1)(w)                          # before (GPT-2's attention)
+        w = self.softmax(w)                                # after; __init__ ends with self.softmax = nn.Softmax(dim=-1)
     """
 
     DESCRIPTION = "nn modules built inside forward -> submodules built at the end of __init__"
@@ -65,6 +71,7 @@ class HoistModules(Transform):
         self._removed: set[int] = set()  # ids of the moved statements
         self._uses: dict[int, tuple[str, str]] = {}  # id of a read of a moved local -> (receiver, attribute)
         self._appended: dict[int, tuple[InitSite, list[cst.SimpleStatementLine]]] = {}  # id of a class -> lines
+        self._replaced: dict[int, tuple[str, str]] = {}  # id of a constructor called at once -> (receiver, attribute)
 
     def _names_module_class(self, names: Iterable[str]) -> bool:
         return any(name.startswith(self.options.classes) and not name.startswith(NOT_MODULES)
@@ -101,10 +108,21 @@ class HoistModules(Transform):
 
     def _plan(self, family: ClassFamily, node: cst.ClassDef, method: cst.FunctionDef, calls: list[cst.Call]) -> bool:
         statements = [line for call in calls if (line := self._assigned(call)) is not None]
-        for call in calls:
-            if self._assigned(call) is None:
-                self.report(call, "module built inside an expression, not hoisted: assign it to a local first")
         planned = False
+        for call in calls:
+            if self._assigned(call) is not None:
+                continue
+            if not self._called_at_once(call):
+                self.report(call, "module built inside an expression, not hoisted: assign it to a local first")
+                continue
+            site = self._site(family, node)
+            obstacle = site if isinstance(site, str) else self._argument_obstacle(family, call, method, site)
+            if obstacle:
+                self.report(call, f"module not hoisted: {obstacle}")
+                continue
+            assert isinstance(site, InitSite)
+            self._hoist_called(family, node, call, site)
+            planned = True
         for statement in statements:
             site = self._site(family, node)
             obstacle = site if isinstance(site, str) else self._obstacle(family, statement, method, site)
@@ -141,21 +159,49 @@ class HoistModules(Transform):
         assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
         local = assign.targets[0].target
         assert isinstance(local, cst.Name)
-        owner = receiver(method)
-        if owner is None or owner != site.receiver:
-            return f"{method.name.value} and __init__ do not share a self parameter name"
         bindings, reads = self.index.local_uses(local)
         if len(bindings) != 1:
             return f"`{local.value}` is assigned more than once"
         position = self.index.statement_position(statement)
         if any(self.index.statement_position(read) <= position for read in reads):
             return f"`{local.value}` is used before it is assigned"
-        for arg in assign.value.args:
+        return self._argument_obstacle(family, assign.value, method, site)
+
+    def _argument_obstacle(self, family: ClassFamily, call: cst.Call, method: cst.FunctionDef,
+                           site: InitSite) -> str | None:
+        owner = receiver(method)
+        if owner is None or owner != site.receiver:
+            return f"{method.name.value} and __init__ do not share a self parameter name"
+        for arg in call.args:
             if arg.star:
                 return "starred arguments"
             if family.relocate(arg.value, site, owner) is None:
                 return f"argument `{code_of(arg.value)}` is neither a literal nor an attribute that __init__ sets"
         return None
+
+    def _called_at_once(self, call: cst.Call) -> bool:
+        """``Module(...)(x)``: the constructor's value is only called."""
+        parent = self.index.parent(call)
+        return isinstance(parent, cst.Call) and parent.func is call
+
+    def _hoist_called(self, family: ClassFamily, node: cst.ClassDef, call: cst.Call, site: InitSite) -> None:
+        dotted = code_of(call.func).rpartition(".")[2]
+        stem = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", dotted).lower()
+        attribute = family.fresh_attribute(node, stem, stem)
+        target = cst.Attribute(value=cst.Name(site.receiver), attr=cst.Name(attribute))
+        line = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(target)], call)])
+        self._appended.setdefault(id(node), (site, []))[1].append(line)
+        self._replaced[id(call)] = (site.receiver, attribute)
+        if not self._is_stateless(call):
+            self.report(call, f"`{code_of(call.func)}` may hold parameters or buffers: "
+                              f"the state dict gains keys under `{attribute}.`")
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        use = self._replaced.get(id(original_node))
+        if use is None:
+            return updated_node
+        return cst.Attribute(value=cst.Name(use[0]), attr=cst.Name(use[1]),
+                             lpar=updated_node.lpar, rpar=updated_node.rpar)
 
     def _hoist(self, family: ClassFamily, node: cst.ClassDef, statement: cst.SimpleStatementLine,
                site: InitSite) -> None:

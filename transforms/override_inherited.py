@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import builtins
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import libcst as cst
 from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor
 
-from transforms.analysis.names import bound_names, module_imports, names_read
-from transforms.analysis.syntax import all_params
-from transforms.base import SUPPORT_SOURCES, Transform, TransformError
-
-_BUILTINS = frozenset(dir(builtins)) | {"self"}
+from transforms.base import Transform, TransformError
+from transforms.support import Support
 
 
 @dataclass(frozen=True)
@@ -54,41 +49,22 @@ class OverrideInherited(Transform):
     def __init__(self, context: CodemodContext, options: OverrideOptions | None = None, /,
                  **values: object) -> None:
         super().__init__(context, options, **values)
-        source, from_class = self.options.source, self.options.from_class
-        supports = context.scratch.get(SUPPORT_SOURCES, {})
-        if source not in supports:
-            raise TransformError(f"support file {source} was not fetched (list it in the recipe)")
-        self.source = source
+        self.support = Support(context, self.options.source)
+        self.source = self.options.source
         self.into = self.options.into
-        self.from_class = from_class
+        self.from_class = from_class = self.options.from_class
         self.methods = list(self.options.methods)
-        self.support = cst.parse_module(supports[source])
-        self.support_imports = module_imports(self.support)
-        found = {}
-        for statement in self.support.body:
-            if isinstance(statement, cst.ClassDef) and statement.name.value == from_class:
-                found = {f.name.value: f for f in statement.body.body if isinstance(f, cst.FunctionDef)}
+        holder = self.support.definition(from_class)
+        found = {} if not isinstance(holder, cst.ClassDef) else {
+            f.name.value: f for f in holder.body.body if isinstance(f, cst.FunctionDef)}
         missing = [name for name in self.methods if name not in found]
         if missing:
-            raise TransformError(f"{source} has no {from_class}.{', '.join(missing)}")
+            raise TransformError(f"{self.source} has no {from_class}.{', '.join(missing)}")
         self.copies = {name: found[name] for name in self.methods}
 
     def _schedule_imports(self, method: cst.FunctionDef) -> None:
-        params = all_params(method.params)
-        # Annotations, defaults and decorators are evaluated in the module's scope,
-        # even where a parameter has the same name (`device: device`).
-        header: set[str] = set()
-        for node in [*(p.annotation for p in params), *(p.default for p in params), method.returns,
-                     *method.decorators]:
-            if node is not None:
-                header |= names_read(node)
-        body = names_read(method.body) - bound_names(method.body) - {p.name.value for p in params}
-        for name in sorted((header | body) - _BUILTINS):
-            if name not in self.support_imports:
-                raise TransformError(f"{self.from_class}.{method.name.value} uses {name}, "
-                                 f"which {self.source} defines itself; cannot copy it")
-            module, obj = self.support_imports[name]
-            AddImportsVisitor.add_needed_import(self.context, module, obj)
+        for name in self.support.needs(method, f"{self.from_class}.{method.name.value}"):
+            self.support.add_import(self.context, name)
 
     def focus(self) -> Iterable[cst.CSTNode]:
         return [s for s in self.module.body if isinstance(s, cst.ClassDef) and s.name.value == self.into]

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import libcst as cst
 from libcst.codemod import CodemodContext
 
 from transforms.analysis.liveness import Liveness
 from transforms.analysis.names import bound_names, names_read
-from transforms.analysis.syntax import all_params, indented
+from transforms.analysis.syntax import all_params, children, dotted_name, indented
 from transforms.base import Transform, TransformError
 from transforms.options import OptionError
 
@@ -19,6 +19,9 @@ from transforms.options import OptionError
 class SingleOutputOptions:
     returns: dict[str, str]  # class name -> the expression its method returns
     method: str = "forward"
+    # class name -> {call: index}: its method reads item `index` of what the call (`self.transformer`)
+    # returned, and that call now returns that one item (a model of `returns` used inside another).
+    items: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name, text in self.returns.items():
@@ -48,6 +51,17 @@ class SingleOutput(Transform):
                 return loss if labels is not None else lm_logits
             return loss if labels is not None else lm_logits
 
+    A model whose output became one value may be called by another (GPT-2's
+    ``GPT2Model`` inside ``GPT2LMHeadModel``): option ``items`` names, per
+    calling class, the call and the item of its old result that the one value
+    is, and the caller reads the value itself::
+
+        transformer_outputs = self.transformer(input_ids)   # before
+        hidden_states = transformer_outputs[0]
+
+        transformer_outputs = self.transformer(input_ids)   # after (items: "self.transformer" = 0)
+        hidden_states = transformer_outputs
+
     Run it before argument specialization, which then folds the branches and
     drops what only fed the old return values.
     """
@@ -64,11 +78,12 @@ class SingleOutput(Transform):
         self._classes: list[str] = []
 
     def focus(self) -> Iterable[cst.CSTNode]:
-        return [cls for cls in self.module.body if isinstance(cls, cst.ClassDef) and cls.name.value in self.returns]
+        return [cls for cls in self.module.body if isinstance(cls, cst.ClassDef)
+                and (cls.name.value in self.returns or cls.name.value in self.options.items)]
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         self._classes.append(node.name.value)
-        return node.name.value in self.returns
+        return node.name.value in self.returns or node.name.value in self.options.items
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         return False  # the returns are replaced from leave_FunctionDef
@@ -85,22 +100,83 @@ class SingleOutput(Transform):
         if not self._classes or updated_node.name.value != self.method:
             return updated_node
         value = self.returns.get(self._classes[-1])
-        if value is None:
-            return updated_node
-        params = updated_node.params
-        bound = {p.name.value for p in all_params(params)}
-        bound |= bound_names(updated_node.body)
+        if value is not None:
+            updated_node = self._replace_returns(updated_node, value)
+        items = self.options.items.get(self._classes[-1])
+        if items:  # after the returns: the old ones read other items of the result
+            updated_node = self._read_items(updated_node, items)
+        return updated_node
+
+    def _replace_returns(self, function: cst.FunctionDef, value: cst.BaseExpression) -> cst.FunctionDef:
+        bound = {p.name.value for p in all_params(function.params)}
+        bound |= bound_names(function.body)
         missing = sorted(names_read(value) - bound - {"self"})
         if missing:
             raise TransformError(f"{self._classes[-1]}.{self.method} does not bind "
-                             f"{', '.join(missing)} used by its recipe return value")
-        body = updated_node.body.visit(_ReturnReplacer(value))
-        if isinstance(body, cst.IndentedBlock) and isinstance(updated_node.body, cst.IndentedBlock):
+                                 f"{', '.join(missing)} used by its recipe return value")
+        body = function.body.visit(_ReturnReplacer(value))
+        if isinstance(body, cst.IndentedBlock) and isinstance(function.body, cst.IndentedBlock):
             # What fed only the old return values is dead now: drop it where that loses no effect.
             liveness = Liveness(frozenset())
-            fed_returns = liveness.live(updated_node.body.body)
+            fed_returns = liveness.live(function.body.body)
             body = indented(liveness.remove_dead(body.body, fed_returns), body)
-        return updated_node.with_changes(body=body)
+        return function.with_changes(body=body)
+
+    def _read_items(self, function: cst.FunctionDef, items: dict[str, int]) -> cst.FunctionDef:
+        """``function`` reading the one value of each call in ``items`` where it read that item."""
+        where = f"{self._classes[-1]}.{self.method}"
+        found = {call for call in items if any(isinstance(n, cst.Call) and dotted_name(n.func) == call
+                                               for n in _walk(function.body))}
+        if len(found) < len(items):
+            raise TransformError(f"{where} has no call of {', '.join(sorted(set(items) - found))}")
+        locals_: dict[str, int] = {}  # a local bound to a call's whole result -> the item read
+        for node in _walk(function.body):
+            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and len(node.targets) == 1 \
+                    and isinstance(node.targets[0].target, cst.Name) and dotted_name(node.value.func) in items:
+                locals_[node.targets[0].target.value] = items[dotted_name(node.value.func) or ""]
+        rewritten = function.body.visit(_ItemReader(items, locals_))
+        assert isinstance(rewritten, cst.BaseSuite)
+        # A read of another item or of an attribute needs the old result (a bare read is the value itself).
+        for read in _walk(rewritten):
+            if isinstance(read, (cst.Subscript, cst.Attribute)) and isinstance(read.value, cst.Name) \
+                    and read.value.value in locals_:
+                name = read.value.value
+                raise TransformError(f"{where} reads {name} other than as item {locals_[name]}: "
+                                     f"it cannot take the one value instead")
+        return function.with_changes(body=rewritten)
+
+
+def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
+    found, pending = [], [node]
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        pending.extend(children(current))
+    return found
+
+
+class _ItemReader(cst.CSTTransformer):
+    """``x[i]`` -> ``x`` for a local bound to a listed call (``call(...)[i]`` -> ``call(...)``)."""
+
+    def __init__(self, items: dict[str, int], locals_: dict[str, int]) -> None:
+        self.items = items
+        self.locals = locals_
+
+    def leave_Subscript(self, original_node: cst.Subscript, updated_node: cst.Subscript) -> cst.BaseExpression:
+        value = updated_node.value
+        if isinstance(value, cst.Name):
+            index = self.locals.get(value.value)
+        elif isinstance(value, cst.Call):
+            index = self.items.get(dotted_name(value.func) or "")
+        else:
+            return updated_node
+        if index is None or len(updated_node.slice) != 1:
+            return updated_node
+        item = updated_node.slice[0].slice
+        if not (isinstance(item, cst.Index) and isinstance(item.value, cst.Integer)
+                and int(item.value.value) == index):
+            return updated_node
+        return value.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
 
 
 class _ReturnReplacer(cst.CSTTransformer):

@@ -16,6 +16,16 @@ FACTORIES = ("torch.ones", "torch.zeros", "torch.empty", "torch.rand", "torch.ra
 @dataclass(frozen=True)
 class SizeVarargsOptions:
     functions: tuple[str, ...] = FACTORIES  # qualified names of the factories to rewrite
+    # Tensor methods taking a size either as varargs or as one sequence (view, reshape, ...):
+    # ``x.view(*shape)`` becomes ``x.view(shape)``.  Matched by method name (the receiver's type is
+    # unknown to a rewrite), so only what the recipe lists.
+    methods: tuple[str, ...] = ()
+
+
+def _unpacked(call: cst.Call, methods: frozenset[str]) -> bool:
+    """``x.<method>(*size)``: one starred argument and nothing else, to a listed method."""
+    return (isinstance(call.func, cst.Attribute) and call.func.attr.value in methods and len(call.args) == 1
+            and call.args[0].star == "*")
 
 
 def _sizes(args: Sequence[cst.Arg]) -> int:
@@ -40,9 +50,16 @@ class SizeVarargs(Transform):
 
         mask = torch.ones(batch, length, device=d)    # before
         mask = torch.ones((batch, length), device=d)  # after
+
+    The same holds for a size star-unpacked into a tensor method (unpacking
+    iterates a Proxy, which fx refuses); option ``methods`` lists the methods
+    that take the size as one sequence as well::
+
+        x = x.view(*new_shape)                         # before
+        x = x.view(new_shape)                          # after
     """
 
-    DESCRIPTION = "torch.ones(a, b) and similar factories -> torch.ones((a, b))"
+    DESCRIPTION = "torch.ones(a, b) and similar factories -> torch.ones((a, b)); x.view(*s) -> x.view(s)"
 
     Options = SizeVarargsOptions
 
@@ -50,10 +67,11 @@ class SizeVarargs(Transform):
                  **values: object) -> None:
         super().__init__(context, options, **values)
         self.functions = frozenset(self.options.functions)
+        self.methods = frozenset(self.options.methods)
 
     def focus(self) -> Iterable[cst.CSTNode]:
-        return [call for call in self.index.nodes(cst.Call) if _sizes(call.args) >= 2
-                and self.qualified_names(call) & self.functions]
+        return [call for call in self.index.nodes(cst.Call) if _unpacked(call, self.methods) or (
+            _sizes(call.args) >= 2 and self.qualified_names(call) & self.functions)]
 
     # Imports, annotations and strings never hold a factory call worth rewriting.
     def visit_Import(self, node: cst.Import) -> bool:
@@ -75,6 +93,8 @@ class SizeVarargs(Transform):
         return False
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        if _unpacked(updated_node, self.methods):
+            return updated_node.with_changes(args=[updated_node.args[0].with_changes(star="")])
         args = updated_node.args
         count = _sizes(args)
         if count < 2:

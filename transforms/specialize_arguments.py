@@ -15,9 +15,11 @@ from transforms.analysis.literals import is_constant
 from transforms.analysis.liveness import Liveness
 from transforms.analysis.names import module_imports
 from transforms.analysis.propagation import FunctionFolder, Unsupported
-from transforms.analysis.syntax import all_params, drop_items, indented, is_docstring, root_name
-from transforms.base import Transform
+from transforms.analysis.purity import is_pure
+from transforms.analysis.syntax import all_params, code_of, drop_items, indented, is_docstring, root_name
+from transforms.base import Transform, TransformError
 from transforms.options import OptionError
+from transforms.submodules import methods, receiver
 
 
 def _constant(key: str, text: str) -> cst.BaseExpression:
@@ -42,14 +44,20 @@ class FactOptions:
     expression: str
     value: str
     reason: str | None = None  # the guard's message; default: "assumed <expression> == <value>"
+    # The condition the guard asserts, where the default form does not fit every tracer: a plain
+    # Python value (module state such as self.model_parallel) is best checked with `not`.
+    check: str | None = None
 
     def __post_init__(self) -> None:
         _expression("expression", self.expression)
         _constant("value", self.value)
+        if self.check is not None:
+            _expression("check", self.check)
 
     def fact(self) -> Fact:
         reason = self.reason if self.reason is not None else f"assumed {self.expression} == {self.value}"
-        return Fact(cst.parse_expression(self.expression), cst.parse_expression(self.value), reason)
+        check = cst.parse_expression(self.check) if self.check is not None else None
+        return Fact(cst.parse_expression(self.expression), cst.parse_expression(self.value), reason, check)
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,16 @@ class SpecializeArguments(Transform):
             return_dict = False
             return (x,)
 
+    A call into this module (``self.method(...)`` of the same class, or a
+    module-level function) that passes a removed parameter positionally loses
+    that argument too, so every local call still matches its callee::
+
+        def _attn(self, q, k, head_mask=None, output_attentions=False):   # before
+        ...     self._attn(q, k, head_mask, output_attentions)
+
+        def _attn(self, q, k):                                             # after
+        ...     self._attn(q, k)
+
     ``pure_methods`` names methods whose calls may be dropped when their
     result is unused (e.g. ``get_head_mask``).
     """
@@ -104,6 +122,7 @@ class SpecializeArguments(Transform):
         self._dropped_keywords: list[int] = []
         self._imported: set[str] = set()
         self._fact_readers: set[int] = set()
+        self._positional: dict[int, list[bool]] = {}  # id of a local call -> which of its arguments stay
 
     def focus(self) -> Iterable[cst.CSTNode]:
         """Functions with a parameter to fix or a name a fact reads, and calls passing a fixed keyword."""
@@ -125,7 +144,71 @@ class SpecializeArguments(Transform):
         self._fact_readers = set().union(*(set.intersection(*(readers.get(n, set()) for n in fact.names))
                                            for fact in self.facts if fact.names))
         found.extend(f for f in index.nodes(cst.FunctionDef) if id(f) in self._fact_readers)
+        self._positional = self._positional_drops()
+        found.extend(call for call in index.nodes(cst.Call) if id(call) in self._positional)
         return found
+
+    def _kept_positions(self, function: cst.FunctionDef, method: bool) -> list[bool] | None:
+        """Per positional parameter (a method's receiver left out), whether it stays; None if none goes."""
+        params = [*function.params.posonly_params, *function.params.params][1 if method else 0:]
+        keep = [p.name.value not in self.constants or p.default is None for p in params]
+        return None if all(keep) else keep
+
+    def _positional_drops(self) -> dict[int, list[bool]]:
+        """The local calls passing a removed parameter positionally, with the arguments they keep."""
+        functions: dict[tuple[str | None, str], list[bool]] = {}
+        for statement in self.module.body:
+            if isinstance(statement, cst.FunctionDef):
+                keep = self._kept_positions(statement, method=False)
+                if keep is not None:
+                    functions[(None, statement.name.value)] = keep
+            elif isinstance(statement, cst.ClassDef):
+                for _, method, _ in methods(statement):
+                    keep = self._kept_positions(method, method=True)
+                    if keep is not None:
+                        functions[(statement.name.value, method.name.value)] = keep
+        if not functions:
+            return {}
+        drops: dict[int, list[bool]] = {}
+        for call in self.index.nodes(cst.Call):
+            key = self._local_callee(call)
+            if key not in functions:
+                continue
+            positional = 0
+            keep_args = []
+            for arg in call.args:
+                if arg.star:
+                    if positional < len(functions[key]) and not all(functions[key][positional:]):
+                        raise TransformError(f"`{code_of(call)}`: a starred argument may fill a parameter "
+                                             f"the specialization removes")
+                    keep_args.append(True)
+                elif arg.keyword is None:
+                    kept = positional >= len(functions[key]) or functions[key][positional]
+                    if not kept and not is_pure(arg.value, self.pure_methods):
+                        raise TransformError(f"`{code_of(call)}`: cannot drop the argument "
+                                             f"`{code_of(arg.value)}`, it may have effects")
+                    keep_args.append(kept)
+                    positional += 1
+                else:
+                    keep_args.append(True)
+            if not all(keep_args):
+                drops[id(call)] = keep_args
+        return drops
+
+    def _local_callee(self, call: cst.Call) -> tuple[str | None, str] | None:
+        """``(class, method)`` for ``self.method(...)`` in a method of that class, ``(None, f)`` for ``f(...)``."""
+        func = call.func
+        if isinstance(func, cst.Name):
+            found = self.index.lookup(self.index.scope_of(func), func.value)
+            return (None, func.value) if found is self.index.root else None
+        if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)):
+            return None
+        method = self.index.enclosing(call, cst.FunctionDef)
+        owner = self.index.parent(method) if method is not None else None
+        owner = self.index.parent(owner) if isinstance(owner, cst.IndentedBlock) else owner
+        if method is None or not isinstance(owner, cst.ClassDef) or receiver(method) != func.value.value:
+            return None
+        return owner.name.value, func.attr.value
 
     def visit_Module(self, node: cst.Module) -> None:
         # Only "is the callee an imported name?" matters here, and the module's
@@ -135,6 +218,9 @@ class SpecializeArguments(Transform):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         keep = [not (arg.keyword is not None and arg.keyword.value in self.constants) for arg in updated_node.args]
+        positional = self._positional.get(id(original_node))
+        if positional is not None:
+            keep = [a and b for a, b in zip(keep, positional)]
         if all(keep) or root_name(original_node.func, through_calls=True) in self._imported:
             return updated_node
         if self._dropped_keywords:

@@ -37,12 +37,14 @@ def rewrite_facts(facts: Sequence[Fact], body: cst.IndentedBlock) -> tuple[cst.I
 class Fact:
     """``expression`` always evaluates to the constant ``value``, because ``reason``."""
 
-    def __init__(self, expression: cst.BaseExpression, value: cst.BaseExpression, reason: str) -> None:
+    def __init__(self, expression: cst.BaseExpression, value: cst.BaseExpression, reason: str,
+                 check: cst.BaseExpression | None = None) -> None:
         if not is_constant(value):
             raise ValueError(f"fact {code_of(expression)} = {code_of(value)}: the value is not a literal constant")
         self.expression = expression
         self.value = value
         self.reason = reason
+        self.check = check  # the guard's condition, when given; else derived from expression and value
         self.names = names_read(expression)
 
     def guard(self) -> cst.SimpleStatementLine:
@@ -51,12 +53,16 @@ class Fact:
         ``not x`` would force a Proxy to bool under fx, ``x == False`` is
         unsupported on export's symbolic booleans, and strict export cannot
         trace ``torch.sym_not`` of a plain bool: a false comparison is guarded
-        by its inverse, anything else by ``torch.sym_not``.
+        by its inverse, anything else by ``torch.sym_not``.  A recipe's own
+        ``check`` replaces the derived condition (``not self.model_parallel``:
+        module state is a plain value under every tracer).
         """
         subject = self.expression.deep_clone()
         value = literal_value(self.value)
-        if value is True:
-            check: cst.BaseExpression = subject
+        if self.check is not None:
+            check: cst.BaseExpression = self.check.deep_clone()
+        elif value is True:
+            check = subject
         elif value is False and isinstance(subject, cst.Comparison) and _invertible(subject):
             target = subject.comparisons[0]
             inverse = _INVERSE[type(target.operator)]()
@@ -101,6 +107,7 @@ class FactRewriter(cst.CSTTransformer):
         self.pending: list[list[Fact]] = []
         self.elifs: set[int] = set()
         self.dominating: set[int] = set()
+        self.stores: set[int] = set()  # assignment targets: `self.flag = True` sets the state a fact reads
 
     def _opens_statement(self, node: cst.CSTNode) -> bool:
         return isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) and id(node) not in self.elifs
@@ -110,12 +117,14 @@ class FactRewriter(cst.CSTTransformer):
             return False
         if isinstance(node, cst.If) and isinstance(node.orelse, cst.If):
             self.elifs.add(id(node.orelse))
+        if isinstance(node, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.Del)):
+            self.stores.add(id(node.target))
         if self._opens_statement(node):
             self.pending.append([])
         return super().on_visit(node)
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # noqa: ANN201  # any node back
-        if isinstance(original_node, cst.BaseExpression):
+        if isinstance(original_node, cst.BaseExpression) and id(original_node) not in self.stores:
             for fact in self.facts:
                 if original_node.deep_equals(fact.expression):
                     self.pending[-1].append(fact)

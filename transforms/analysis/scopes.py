@@ -133,6 +133,10 @@ class ModuleIndex:
         reads = [read for inner in self._scopes_seeing(scope, name.value) for read in inner.reads[name.value]]
         return list(scope.bindings[name.value]), reads
 
+    def absolute_module(self, name: str) -> str:
+        """A module name as an import in this module writes it (``...modeling_utils``), made absolute."""
+        return self._absolute(name)
+
     # -- the walk ----------------------------------------------------------------------------------------
     def _scopes_seeing(self, scope: Scope, name: str) -> Iterator[Scope]:
         return (inner for inner in self.all_scopes if self.lookup(inner, name) is scope)

@@ -9,7 +9,7 @@ from typing import TypeVar
 import libcst as cst
 
 _EMPTY = cst.Module(body=[])
-_Item = TypeVar("_Item", cst.Arg, cst.Param)
+_Item = TypeVar("_Item", cst.Arg, cst.Param, cst.ImportAlias)
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {}

@@ -1,0 +1,114 @@
+"""Slices of a registered buffer by traced sizes -> ``narrow`` calls tracers record."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.codemod import CodemodContext
+
+from transforms.analysis.literals import is_literal
+from transforms.base import Transform
+from transforms.submodules import methods
+
+_REGISTER = m.Call(func=m.Attribute(value=m.Name(), attr=m.Name("register_buffer")),
+                   args=[m.Arg(value=m.SimpleString()), m.ZeroOrMore()])
+
+
+@dataclass(frozen=True)
+class BufferSlicesOptions:
+    pass
+
+
+def _parenthesized(node: cst.BaseExpression) -> cst.BaseExpression:
+    if isinstance(node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer)):
+        return node
+    return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
+
+class BufferSlices(Transform):
+    """``self.buf[:, :, a:b, :c]`` -> ``self.buf.narrow(2, a, b - a).narrow(3, 0, c)``.
+
+    torch.fx does not proxy buffers: ``self.buf`` is the real tensor, and
+    slicing a real tensor with traced bounds fails (``slice indices must be
+    integers``).  ``narrow`` is a tensor method, so a traced bound makes fx
+    record the call, with the buffer as a ``get_attr`` of its module; torch.export
+    traces either form.  Buffers are found by their ``register_buffer`` call in
+    the same class; only subscripts made of plain slices (no step) with some
+    non-literal bound are rewritten.  The bounds are sizes: ``narrow`` and
+    slicing agree for ``0 <= start <= stop <= size``, where GPT-2's causal mask
+    slice lives (``self.bias[:, :, ns - nd : ns, :ns]``); out of that range
+    slicing clamps, while ``narrow`` raises::
+
+        mask = self.bias[:, :, ns - nd : ns, :ns]                                  # before
+        mask = self.bias.narrow(2, ns - nd, ns - (ns - nd)).narrow(3, 0, ns)       # after
+    """
+
+    DESCRIPTION = "slices of a registered buffer by traced sizes -> narrow"
+    Options = BufferSlicesOptions
+
+    def __init__(self, context: CodemodContext, options: BufferSlicesOptions | None = None, /,
+                 **values: object) -> None:
+        super().__init__(context, options, **values)
+        self._buffers: dict[int, tuple[str, frozenset[str]]] = {}  # id of a method -> (receiver, buffer names)
+        self._method: list[tuple[str, frozenset[str]] | None] = []
+
+    def focus(self) -> Iterable[cst.CSTNode]:
+        found: list[cst.CSTNode] = []
+        for node in self.index.nodes(cst.ClassDef):
+            buffers = frozenset(
+                call.args[0].value.evaluated_value  # type: ignore[attr-defined]  # matched a SimpleString
+                for call in m.findall(node, _REGISTER) if isinstance(call, cst.Call))
+            if not buffers:
+                continue
+            for _, method, owner in methods(node):
+                if any(self._slices(s, owner, buffers) for s in m.findall(method, m.Subscript())
+                       if isinstance(s, cst.Subscript)):
+                    self._buffers[id(method)] = (owner, buffers)
+                    found.append(method)
+        return found
+
+    @staticmethod
+    def _slices(node: cst.Subscript, owner: str, buffers: frozenset[str]) -> bool:
+        """Whether ``node`` slices one of ``buffers`` with plain slices, some bound not a literal."""
+        value = node.value
+        if not (isinstance(value, cst.Attribute) and m.matches(value.value, m.Name(owner))
+                and value.attr.value in buffers):
+            return False
+        parts = [element.slice for element in node.slice]
+        if not all(isinstance(p, cst.Slice) and p.step is None for p in parts):
+            return False
+        bounds = [b for p in parts if isinstance(p, cst.Slice) for b in (p.lower, p.upper) if b is not None]
+        return any(not is_literal(b) for b in bounds)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._method.append(self._buffers.get(id(node)))
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        self._method.pop()
+        return updated_node
+
+    def leave_Subscript(self, original_node: cst.Subscript, updated_node: cst.Subscript) -> cst.BaseExpression:
+        context = self._method[-1] if self._method else None
+        if context is None or not self._slices(updated_node, *context):
+            return updated_node
+        result: cst.BaseExpression = updated_node.value
+        for dim, element in enumerate(updated_node.slice):
+            part = element.slice
+            assert isinstance(part, cst.Slice)
+            lower, upper = part.lower, part.upper
+            if lower is None and upper is None:
+                continue
+            start = lower if lower is not None else cst.Integer("0")
+            if upper is None:
+                size = cst.Call(cst.Attribute(updated_node.value, cst.Name("size")), [cst.Arg(cst.Integer(str(dim)))])
+                length: cst.BaseExpression = cst.BinaryOperation(size, cst.Subtract(), _parenthesized(start))
+            elif lower is None:
+                length = upper
+            else:
+                length = cst.BinaryOperation(_parenthesized(upper), cst.Subtract(), _parenthesized(lower))
+            result = cst.Call(cst.Attribute(result, cst.Name("narrow")),
+                              [cst.Arg(cst.Integer(str(dim))), cst.Arg(start), cst.Arg(length)])
+        return result.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
