@@ -83,9 +83,44 @@ def test_diff_shows_original_to_generated(tmp_path: Path, capsys: pytest.Capture
 
 def test_list_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--list"]) == 0
-    line = capsys.readouterr().out.strip()
-    assert line.startswith("t5: transformers transformers/models/t5/modeling_t5.py")
-    assert line.endswith("versions known to work: 4.5.1")
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["gpt2", "t5"]
+    assert lines[0].startswith("gpt2: transformers transformers/models/gpt2/modeling_gpt2.py")
+    assert lines[1].startswith("t5: transformers transformers/models/t5/modeling_t5.py")
+    assert all(line.endswith("versions known to work: 4.5.1") for line in lines)
+
+
+def test_committed_gpt2_code_is_in_sync(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(REPO)
+    code = main(["gpt2", "--version", "4.5.1", "--cache-dir", str(SOURCE_CACHE), "--check", "--from", "cache"])
+    assert code == 0, capsys.readouterr().out
+
+
+def test_generated_code_that_does_not_compile_is_an_error(monkeypatch: pytest.MonkeyPatch, out_dir: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import libcst as cst
+
+    import converter.pipeline
+    # What a broken rewrite can build (libcst itself would not parse it).
+    broken = cst.Module([cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name("False"))],
+                                                             cst.Integer("1"))])])
+    monkeypatch.setattr(converter.pipeline, "transform_module", lambda *args: broken)
+    assert_rejected(convert("--from", "cache", "--output-dir", str(out_dir)), out_dir, capsys,
+                    "the generated code does not compile (line 1: cannot assign to False)")
+
+
+def test_a_support_file_that_differs_from_its_pin_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    index = FakeIndex(tmp_path / "index")
+    support = "transformers/modeling_utils.py"
+    index.add("4.5.1", {**release_members(), support: (SOURCE_CACHE / "transformers-4.5.1" / support).read_bytes()
+                        + b"\nimport os\n"})
+    isolate_pip(monkeypatch, index.url)
+    args = ["gpt2", "--version", "4.5.1", "--from", "registry", "--cache-dir", str(tmp_path / "c"),
+            "--output-dir", str(tmp_path / "out")]
+    assert main(args) == 2
+    assert "transformers/modeling_utils.py from the registry has sha256" in one_error_line(capsys)
+    assert not (tmp_path / "out").exists()
 
 
 def test_source_file_of_the_release_gives_the_canonical_header(tmp_path: Path) -> None:
@@ -192,7 +227,7 @@ def assert_rejected(args: list[str], out: Path, capsys: pytest.CaptureFixture[st
 def test_unknown_family(out_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     line = assert_rejected(["bart", "--version", "4.5.1", "--output-dir", str(out_dir)], out_dir, capsys,
                            "unknown model family 'bart'")
-    assert "known families: t5" in line
+    assert "known families: gpt2, t5" in line
 
 
 @pytest.mark.parametrize("version", ["4.5.x", "../4.5.1", "", "4.5.1; rm -rf /", "4.5.1/../../x"])

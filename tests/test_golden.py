@@ -1,4 +1,6 @@
-"""Realistic cases: excerpts of the real T5 source through the whole t5 recipe, against reviewed output.
+"""Realistic cases: excerpts of a family's real source through its whole recipe, against reviewed output.
+
+A case ``<family>_<name>.in.py`` runs through ``converter/recipe_data/<family>.toml``.
 
 Set UPDATE_GOLDEN=1 to rewrite the .out.py files after an intended change, then review the diff.
 """
@@ -19,21 +21,22 @@ GOLDEN = FIXTURES / "golden"
 CASES = sorted(p.name.removesuffix(".in.py") for p in GOLDEN.glob("*.in.py"))
 
 
-def convert(text: str) -> str:
-    recipe = get_recipe("t5")
+def convert(text: str, family: str = "t5") -> str:
+    recipe = get_recipe(family)
     supports = Fetcher(recipe.package, "4.5.1", FIXTURES / "cache", "cache").fetch(recipe.support)
     return transform_module(cst.parse_module(text), recipe, supports).code
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_golden(case: str) -> None:
+    family = case.partition("_")[0]
     source = (GOLDEN / f"{case}.in.py").read_text()
     expected_path = GOLDEN / f"{case}.out.py"
-    actual = convert(source)
+    actual = convert(source, family)
     if os.environ.get("UPDATE_GOLDEN"):
         expected_path.write_text(actual)
     assert actual == expected_path.read_text()
-    assert convert(actual) == actual, "the recipe is not idempotent on this case"
+    assert convert(actual, family) == actual, "the recipe is not idempotent on this case"
     compile(actual, str(expected_path), "exec")
 
 
@@ -41,12 +44,13 @@ def test_there_are_golden_cases() -> None:
     assert len(CASES) >= 2
 
 
-def test_pipeline_leaves_its_own_full_output_unchanged() -> None:
+@pytest.mark.parametrize("family,path", [("t5", "t5/v4_5_1/modeling_t5.py"), ("gpt2", "gpt2/v4_5_1/modeling_gpt2.py")])
+def test_pipeline_leaves_its_own_full_output_unchanged(family: str, path: str) -> None:
     from conftest import REPO
-    generated = (REPO / "generated_models/t5/v4_5_1/modeling_t5.py").read_text()
+    generated = (REPO / "generated_models" / path).read_text()
     header, _, body = generated.partition("\n\n")
     assert header.startswith("# @generated")
-    assert convert(body) == body
+    assert convert(body, family) == body
 
 
 def test_import_edits_on_the_leading_block_equal_a_full_pass() -> None:

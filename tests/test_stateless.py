@@ -139,7 +139,7 @@ def test_optimizer_steps_keep_every_use_identical(config_name: str) -> None:
 # -- tracing -------------------------------------------------------------------------
 
 def shared_uses_in_fx(module: nn.Module, kwargs: dict) -> int:
-    from test_t5_tracing import fx_trace
+    from model_checks import fx_trace
     graph = fx_trace(module, kwargs).graph
     nodes = [n for n in graph.nodes if n.op == "get_attr" and n.target == "shared_embed_weight"]
     assert len(nodes) == 1, "the shared weight must be one graph input"

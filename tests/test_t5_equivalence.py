@@ -5,15 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from model_checks import scalar
 from t5_models import CLASSES, CONFIGS, call_kwargs, inputs, pair, reference_output
 
 PATHS = {"T5ForConditionalGeneration": ("labels", "labels-only", "logits"),
          "T5Model": ("hidden",), "T5EncoderModel": ("hidden",)}
 CASES = [(cls, path) for cls in CLASSES for path in PATHS[cls]]
-
-
-def scalar(value: torch.Tensor) -> torch.Tensor:
-    return value if value.dim() == 0 else (value * torch.linspace(-1, 1, value.numel()).view_as(value)).sum()
 
 
 @pytest.mark.parametrize("config_name", CONFIGS)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import inspect
-import operator
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch.export import Dim
 
+from model_checks import assert_clean_graph, fx_trace
 from t5_models import CLASSES, call_kwargs, config, generated, inputs, stock
 
 CONFIG = "2layer-gelu-untied"
@@ -19,23 +17,6 @@ PATH = {"T5ForConditionalGeneration": "labels", "T5Model": "hidden", "T5EncoderM
 def model(class_name: str, config_name: str = CONFIG) -> torch.nn.Module:
     torch.manual_seed(0)
     return getattr(generated, class_name)(config(config_name))
-
-
-def absent(module: torch.nn.Module, kwargs: dict) -> dict:
-    """concrete_args for every optional input the call does not pass."""
-    parameters = inspect.signature(module.forward).parameters
-    return {name: None for name in parameters if name not in kwargs}
-
-
-def fx_trace(module: torch.nn.Module, kwargs: dict) -> torch.fx.GraphModule:
-    return torch.fx.symbolic_trace(module, concrete_args=absent(module, kwargs))
-
-
-def assert_clean_graph(graph: torch.fx.Graph) -> None:
-    for node in graph.nodes:
-        assert node.target not in (operator.is_, operator.is_not), node.format_node()
-        assert node.target is not F.dropout, f"functional dropout left in the graph: {node.format_node()}"
-        assert not isinstance(node.kwargs.get("training"), bool), node.format_node()
 
 
 @pytest.mark.parametrize("class_name", CLASSES)
