@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 
 import t5_models
+from bert_models import BERT
 from gpt2_models import GPT2
+from roberta_models import ROBERTA
 from model_checks import Family, Inputs
 
 T5_SOURCE, T5_TARGET = 7, 5
@@ -41,6 +43,6 @@ T5 = Family("t5", "4.5.1", t5_models.stock, t5_models.generated, t5_models.confi
             lengths={"source": 9, "target": 4}, train_batch=t5_train_batch,
             train_lengths={"source": T5_SOURCE, "target": T5_TARGET})
 
-FAMILIES: dict[str, Family] = {"t5": T5, "gpt2": GPT2}
+FAMILIES: dict[str, Family] = {"t5": T5, "gpt2": GPT2, "bert": BERT, "roberta": ROBERTA}
 # The families the generic model tests (test_model_*.py) run on.
-GENERIC = [GPT2]
+GENERIC = [GPT2, BERT, ROBERTA]

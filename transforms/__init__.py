@@ -3,6 +3,7 @@
 from transforms.absolute_imports import AbsoluteImports
 from transforms.base import Transform
 from transforms.buffer_slices import BufferSlices
+from transforms.chunked_forward import ChunkedForward
 from transforms.copy_definitions import CopyDefinitions
 from transforms.dropout_module import DropoutModule
 from transforms.fp16_clamp import Fp16Clamp
@@ -35,6 +36,7 @@ REGISTRY: dict[str, type[Transform]] = {
     "fp16_clamp": Fp16Clamp,
     "torch_assert": TorchAssert,
     "buffer_slices": BufferSlices,
+    "chunked_forward": ChunkedForward,
     "sym_numbers": SymNumbers,
     "none_checks": NoneChecks,
 }
