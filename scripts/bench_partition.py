@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from dataclasses import replace
@@ -86,7 +87,7 @@ def table(rows: list[dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
-def section(rows: list[dict[str, object]], setups: list[str], png: str) -> str:
+def section(rows: list[dict[str, object]], setups: list[str], png: str, load: float) -> str:
     models = "; ".join(setups)
     return f"""{SECTION}
 
@@ -98,7 +99,9 @@ Bottleneck / ideal (lower is better; 1.0 is a perfect balance of compute) for
 outgoing cut.  *Ideal* is total compute / K; the *granularity bound* is the best compute-only
 bottleneck any contiguous split of these blocks reaches (over the ideal): a plan cannot beat
 it, and ours exceeds it only by communication.  Costing runs once per shape on the `meta`
-device; *partition ms* is the optimal DP alone (best of 5).
+device; *partition ms* is the optimal DP alone (best of 5).  The run started at load average
+{load:.1f} on this machine's {os.cpu_count()} cores: the two time columns are wall times under that
+load, while every ratio is computed from FLOP and byte counts and does not depend on it.
 
 {table(rows)}
 
@@ -125,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", action="append", help="only these named shapes (default: every one)")
     args = parser.parse_args(argv)
     families = [ModelFamily.load(name, args.version) for name in args.family or sorted(definitions())]
+    load = os.getloadavg()[0]
     rows, setups = measure(families, set(args.shape) if args.shape else None)
-    text = section(rows, setups, "bench_partition.png")
+    text = section(rows, setups, "bench_partition.png", load)
     print(table(rows))
     plot_ratios([(f"{r['shape']} K={r['stages']}", {"ours": r["ours"], "uniform": r["uniform"],
                                                      "parameters": r["parameters"]}) for r in rows],

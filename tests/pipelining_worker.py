@@ -1,7 +1,8 @@
 """One rank of the pipelining acceptance test (run under torchrun): pipeline vs single-process reference.
 
-For every case named on the command line it trains 3 steps both ways from the same weights and
-writes, per rank, the names of whatever differs (losses, gradients, parameters, tied copies).
+For every case named on the command line it trains the family's default class (tests/model_families.py)
+3 steps both ways from the same weights and writes, per rank, the names of whatever differs (losses,
+gradients, parameters, tied copies).
 """
 
 from __future__ import annotations
@@ -17,41 +18,38 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from t5_models import T5, config  # noqa: E402
+from model_families import FAMILIES  # noqa: E402
 
+from model_checks import Family  # noqa: E402
 from partitioning.blocks import MicroBatch  # noqa: E402
 from partitioning.partition import Settings, build_plan, partition  # noqa: E402
 from partitioning.pipelining import PipelineRun  # noqa: E402
 
-STEPS, PER_MICRO_BATCH, SOURCE, TARGET = 3, 2, 7, 5
+STEPS, PER_MICRO_BATCH = 3, 2
 
 
-def batch(size: int, vocab: int, seed: int) -> dict[str, torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-    values = {"input_ids": torch.randint(1, vocab, (size, SOURCE), generator=generator),
-              "attention_mask": torch.ones(size, SOURCE, dtype=torch.long),
-              "decoder_input_ids": torch.randint(1, vocab, (size, TARGET), generator=generator),
-              "decoder_attention_mask": torch.ones(size, TARGET, dtype=torch.long),
-              "labels": torch.randint(1, vocab, (size, TARGET), generator=generator)}
-    values["attention_mask"][1::2, -2:] = 0  # padding in every other sequence
-    values["decoder_attention_mask"][::2, -1] = 0
-    values["labels"][::3, -2:] = -100  # ignored positions
-    return values
+def without_dropout(cfg: object) -> object:
+    """The config with every dropout probability 0: the reference and the ranks draw no random numbers."""
+    for key, value in cfg.to_dict().items():  # type: ignore[attr-defined]
+        if isinstance(value, float) and ("dropout" in key or key.endswith("pdrop")):
+            setattr(cfg, key, 0.0)
+    return cfg
 
 
-def run_case(case: str, out: Path) -> None:
+def run_case(family: Family, case: str, out: Path) -> None:
     config_name, schedule, micro_batches, split, tied_sum = (case.split(":") + ["ordered"])[:5]
     micro_batches = int(micro_batches)
     # ordered: bit-equal to the reference; allreduce: equal up to the order of the float sum
     same = torch.equal if tied_sum == "ordered" else lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-6)
-    cfg = config(config_name)
-    cfg.dropout_rate = 0.0  # the reference and the ranks draw no random numbers
+    cfg = without_dropout(family.make_config(config_name))
+    models = family.model_family
+    class_name = models.definition.default_class
     torch.manual_seed(0)
-    model = T5.build("T5ForConditionalGeneration", cfg, device="cpu").make_stateless()
+    model = models.build(class_name, cfg, device="cpu").make_stateless()
     reference = copy.deepcopy(model)
 
-    micro_batch = MicroBatch(PER_MICRO_BATCH, {"source": SOURCE, "target": TARGET})
-    chain = T5.chain("T5ForConditionalGeneration", cfg, micro_batch)
+    micro_batch = MicroBatch(PER_MICRO_BATCH, family.train_lengths)
+    chain = models.chain(class_name, cfg, micro_batch)
     settings = Settings(micro_batches=micro_batches, schedule=schedule)
     if split == "optimal":
         plan = partition(chain.blocks, dist.get_world_size(), settings)
@@ -61,7 +59,8 @@ def run_case(case: str, out: Path) -> None:
         segments = [(start, end - 1) for start, end in zip(starts, starts[1:] + [len(names)])]
         plan = build_plan(chain.blocks, segments, settings, {})
 
-    data = [batch(PER_MICRO_BATCH * micro_batches, cfg.vocab_size, seed=10 + step) for step in range(STEPS)]
+    assert family.train_batch is not None
+    data = [family.train_batch(cfg, PER_MICRO_BATCH * micro_batches, 10 + step) for step in range(STEPS)]
     example = {k: v[:PER_MICRO_BATCH] for k, v in data[0].items()}  # labels too: the model computes its loss
     run = PipelineRun(model, plan, example, micro_batches=micro_batches, schedule=schedule, tied_sum=tied_sum)
     tied = {c.name.removeprefix("model."): c for c in run.tied}
@@ -99,12 +98,13 @@ def run_case(case: str, out: Path) -> None:
             problems.append(f"after {STEPS} steps: replicas of {name} differ")
     record = {"case": case, "rank": rank, "problems": problems, "parameters": sorted(local),
               "tied": {name: list(c.stages) for name, c in tied.items()}}
-    (out / f"{case.replace(':', '_').replace(',', '+')}.rank{rank}.json").write_text(json.dumps(record))
+    (out / f"{family.name}_{case.replace(':', '_').replace(',', '+')}.rank{rank}.json").write_text(json.dumps(record))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--family", default="t5", choices=sorted(FAMILIES))
     parser.add_argument("cases", nargs="+",
                         help="config:schedule:micro-batches:split[:allreduce], split = 'optimal' or the "
                              "comma-separated first blocks of stages 1, 2, ...")
@@ -112,7 +112,7 @@ def main() -> int:
     dist.init_process_group("gloo")
     try:
         for case in args.cases:
-            run_case(case, args.out)
+            run_case(FAMILIES[args.family], case, args.out)
     finally:
         dist.destroy_process_group()
     return 0

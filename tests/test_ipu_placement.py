@@ -215,3 +215,22 @@ def test_a_shared_weight_user_inside_a_block_module_counts_as_that_block_using_i
     placement = place(Plan({}, blocks, stages), KEEP, roles)
     assert placement.shared == {"w": (0, 3)}
     assert placement.annotations[-1].module == "cls" and placement.annotations[-1].ipu == 0
+
+
+def test_the_gpu_pipelines_replica_of_a_shared_weight_is_not_charged_to_the_ipu_that_owns_it() -> None:
+    """A GPU plan charges a later user's stage a replica of the shared weight; on IPUs the user runs where the
+    weight lives, so the replica's bytes belong to no block (GPT-2's 154 MB embedding was counted twice)."""
+    from partitioning.ipu.costs import block_shares
+
+    plan = four_stages()
+    # Stage 3 (decoder.final_layer_norm, lm_head) holds 2 x 600 bytes of replica (weights + gradients, no
+    # optimizer state) on top of its blocks' 2 x 1000 bytes.
+    plan.model["shared_bytes"] = {"shared.weight": 600}
+    plan.settings.update(optimizer_states=0, master_weights=False)
+    last = plan.stages[3]
+    plan.stages[3] = dataclasses.replace(last, memory_bytes=last.memory_bytes + 2 * 600)
+    shares = block_shares(plan)
+    assert shares["lm_head"].memory_bytes == pytest.approx(1000)
+    assert shares["decoder.final_layer_norm"].memory_bytes == pytest.approx(1000)
+    assert shares["shared"].memory_bytes == pytest.approx(1000)  # the owner's stage holds no replica
+    assert plan_ipu(plan, KEEP, STATEFUL).ipu_costs()[0].memory_bytes == pytest.approx(3000 + 1000)

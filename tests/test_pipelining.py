@@ -1,7 +1,7 @@
 """Pipelined training on torch.distributed.pipelining equals single-process training (torchrun, gloo, CPU).
 
-Each launch runs several cases in one process group (see pipelining_worker.py): a tiny generated T5
-with tied or untied embeddings, a plan, GPipe or 1F1B, 3 Adam steps.  Per micro-batch losses, every
+Each launch runs several cases of one family in one process group (see pipelining_worker.py): a tiny
+generated model (T5, GPT-2) with tied or untied embeddings, a plan, GPipe or 1F1B, 3 Adam steps.  Per micro-batch losses, every
 gradient (the tied weight's after the backend's sync) and the weights after the steps must be
 torch.equal to the reference, and every replica of the tied weight identical.
 """
@@ -30,11 +30,12 @@ _SIBLING = Path(sys.executable).with_name("torchrun")
 TORCHRUN = str(_SIBLING) if _SIBLING.exists() else (shutil.which("torchrun") or "torchrun")
 
 
-def launch(ranks: int, cases: list[str], out: Path) -> dict[str, list[dict]]:
+def launch(ranks: int, cases: list[str], out: Path, family: str = "t5") -> dict[str, list[dict]]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     result = subprocess.run([TORCHRUN, "--standalone", f"--nproc-per-node={ranks}", str(TESTS / "pipelining_worker.py"),
-                             "--out", str(out), *cases], env=env, capture_output=True, text=True, timeout=180)
+                             "--out", str(out), "--family", family, *cases], env=env, capture_output=True, text=True,
+                            timeout=180)
     assert result.returncode == 0, result.stderr[-4000:]
     records: dict[str, list[dict]] = {}
     for path in sorted(out.glob("*.json")):
@@ -74,12 +75,26 @@ THREE_RANKS: dict[str, dict | None] = {
 }
 
 
-def test_two_ranks_gpipe_and_1f1b_equal_single_process_training(tmp_path: Path) -> None:
-    assert_equal_to_reference(launch(2, list(TWO_RANKS), tmp_path), TWO_RANKS)
+# GPT2LMHeadModel: embed, transformer.h.N, final, lm_head; the embedding and the tied head share the weight.
+GPT2_TWO_RANKS: dict[str, dict | None] = {
+    "3layer-tied-relu-inner:gpipe:2:transformer.h.2": {"shared_embed_weight": [0, 1]},
+    "3layer-tied-relu-inner:1f1b:4:lm_head": {"shared_embed_weight": [0, 1]},  # the head alone on stage 1
+    "2layer-untied:1f1b:2:transformer.h.1": {},  # untied: nothing shared across stages
+}
+GPT2_THREE_RANKS: dict[str, dict | None] = {
+    "3layer-tied-relu-inner:gpipe:4:transformer.h.1,final": {"shared_embed_weight": [0, 2]},
+    "3layer-tied-relu-inner:1f1b:3:transformer.h.0,transformer.h.2": {"shared_embed_weight": [0, 2]},
+    "3layer-tied-relu-inner:1f1b:4:optimal": None,
+    "3layer-tied-relu-inner:gpipe:3:transformer.h.1,transformer.h.2:allreduce": {"shared_embed_weight": [0, 2]},
+}
+FAMILY_CASES = {("t5", 2): TWO_RANKS, ("t5", 3): THREE_RANKS, ("gpt2", 2): GPT2_TWO_RANKS,
+                ("gpt2", 3): GPT2_THREE_RANKS}
 
 
-def test_three_ranks_gpipe_and_1f1b_equal_single_process_training(tmp_path: Path) -> None:
-    assert_equal_to_reference(launch(3, list(THREE_RANKS), tmp_path), THREE_RANKS)
+@pytest.mark.parametrize("family,ranks", list(FAMILY_CASES), ids=[f"{f}-{r}ranks" for f, r in FAMILY_CASES])
+def test_gpipe_and_1f1b_equal_single_process_training(tmp_path: Path, family: str, ranks: int) -> None:
+    cases = FAMILY_CASES[(family, ranks)]
+    assert_equal_to_reference(launch(ranks, list(cases), tmp_path, family), cases)
 
 
 def tiny_plan(split: list[str]):  # type: ignore[no-untyped-def]
@@ -107,14 +122,18 @@ def test_pipeline_run_needs_torchrun() -> None:
         PipelineRun(T5.build("T5ForConditionalGeneration", cfg), plan, {}, micro_batches=2, schedule="gpipe")
 
 
-def test_partition_model_run_trains_the_plan_under_torchrun(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("family", ["t5", "gpt2"])
+def test_partition_model_run_trains_the_plan_under_torchrun(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                            family: str) -> None:
+    from model_families import FAMILIES
     from partitioning.cli import main
 
     cfg = tmp_path / "config.json"
-    cfg.write_text(config("1layer-relu-tied").to_json_string())
+    cfg.write_text(FAMILIES[family].make_config(FAMILIES[family].configs[0]).to_json_string())
     plan = tmp_path / "plan.json"
-    code = main(["t5", "--version", "4.5.1", "--stages", "2", "--config", str(cfg), "--batch", "2", "--source-len", "7",
-                 "--target-len", "5", "--micro-batches", "2", "--output", str(plan), "--run", "--run-steps", "2"])
+    lengths = [f"--{name}-len={length}" for name, length in FAMILIES[family].train_lengths.items()]
+    code = main([family, "--version", "4.5.1", "--stages", "2", "--config", str(cfg), "--batch", "2", *lengths,
+                 "--micro-batches", "2", "--output", str(plan), "--run", "--run-steps", "2"])
     out = capsys.readouterr().out
     assert code == 0, out
     steps = [line for line in out.splitlines() if line.startswith("step ")]

@@ -37,7 +37,7 @@ def _submodule(model: torch.nn.Module, name: str, placement: Placement) -> torch
 def check_model(model: torch.nn.Module, placement: Placement) -> None:
     """The model is the one the placement was made for: every module exists, in the expected form."""
     roles = placement.roles
-    if roles is not None and roles.marker is not None and not hasattr(model, roles.marker):
+    if roles is not None and roles.marker is not None and roles.marker not in dict(model.named_parameters()):
         raise IPUError(f"this placement is for the {roles.form} form of the model: {roles.hint}")
     names = {name for name, _ in model.named_modules(remove_duplicate=False)}
     for unit in placement.units:

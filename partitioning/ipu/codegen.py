@@ -81,7 +81,7 @@ def render(placement: Placement, command: str) -> str:
               "    poptorch = _poptorch()"]
     roles = placement.roles
     if roles is not None and roles.marker is not None:
-        lines += [f"    if not hasattr(model, {roles.marker!r}):",
+        lines += [f"    if {roles.marker!r} not in dict(model.named_parameters()):",
                   f"        raise ValueError({f'this placement is for the {roles.form} form: {roles.hint}'!r})"]
     stage_of = {user_id: stage.index for stage in placement.pipeline() for user_id in stage.user_ids}
     starts = {annotation.position: annotation for annotation in placement.annotations}

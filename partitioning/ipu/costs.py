@@ -10,12 +10,15 @@ so every IPU number stays on the plan's own scale.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from partitioning.ipu.errors import IPUError
-from partitioning.partition import min_max_split
+from partitioning.partition import Settings, min_max_split
 from partitioning.plan import Plan, Stage
+
+_SETTINGS = {f.name for f in dataclasses.fields(Settings)}
 
 # Mk2 (GC200) In-Processor Memory, Graphcore's "900 MB": 1472 tiles of 624 KiB.
 IPU_MEMORY_BYTES = 1472 * 624 * 1024
@@ -32,6 +35,23 @@ def _fractions(values: Sequence[float]) -> list[float]:
     return [value / total for value in values] if total > 0 else [1 / len(values)] * len(values)
 
 
+def _replica_bytes(plan: Plan, stage: Stage) -> float:
+    """The bytes a stage holds for shared weights an earlier stage owns (the GPU pipeline's replicas).
+
+    On IPUs every user of a shared weight runs on its owner's IPU, so no replica exists: these bytes
+    belong to no block.
+    """
+    shared = plan.model.get("shared_bytes", {})
+    first: dict[str, int] = {}
+    for index, block in enumerate(plan.blocks):
+        for name in block.shared:
+            first.setdefault(name, index)
+    start = next(index for index, block in enumerate(plan.blocks) if block.name == stage.blocks[0])
+    used = {name for block in plan.blocks if block.name in stage.blocks for name in block.shared}
+    copies = Settings(**{k: v for k, v in plan.settings.items() if k in _SETTINGS}).state_copies
+    return copies * sum(shared.get(name, 0) for name in used if first[name] < start)
+
+
 def block_shares(plan: Plan) -> dict[str, Share]:
     by_name = {block.name: block for block in plan.blocks}
     measured = bool(plan.settings.get("measured"))
@@ -40,8 +60,9 @@ def block_shares(plan: Plan) -> dict[str, Share]:
         blocks = [by_name[name] for name in stage.blocks]
         work = _fractions([(b.seconds or 0.0) if measured else b.flops for b in blocks])
         size = _fractions([b.param_bytes + b.activation_bytes for b in blocks])
+        own = stage.memory_bytes - _replica_bytes(plan, stage)
         for block, w, s in zip(blocks, work, size):
-            shares[block.name] = Share(stage.compute * w, stage.memory_bytes * s)
+            shares[block.name] = Share(stage.compute * w, own * s)
     return shares
 
 

@@ -29,7 +29,7 @@ STATEFUL_HINT = "call model.make_stateful() first (or plan for the stateless for
 @dataclass(frozen=True)
 class Roles:
     form: str  # which form of the model these roles describe
-    marker: str | None  # an attribute only that form has (None: the family has one form)
+    marker: str | None  # a parameter name only that form has (None: the family has one form)
     hint: str  # how a user gets that form
     layer_lists: tuple[str, ...]  # module lists whose items count as layers for layers_per_ipu
     shared: dict[str, tuple[str, ...]] = field(default_factory=dict)  # weight -> module objects that use it
@@ -66,7 +66,10 @@ def derive_roles(definition: FamilyDefinition, class_name: str, config: Mapping[
         return Roles("plain", None, "re-plan for this model", layer_lists, call_sites=call_sites)
     if stateless:
         return Roles("stateless", weights[0].weight, STATELESS_HINT, layer_lists, shared, same_module, call_sites)
-    return Roles("stateful", weights[0].module, STATEFUL_HINT, layer_lists, shared, same_module, call_sites)
+    # The holder's own weight: the stateless form replaces or removes the holder (nested, as in a base model,
+    # or the holder itself a user, as GPT-2's wte is), so only the stateful form has this parameter.
+    return Roles("stateful", f"{weights[0].module}.weight", STATEFUL_HINT, layer_lists, shared, same_module,
+                 call_sites)
 
 
 def roles_for(family: str, class_name: str | None, config: Mapping[str, Any], stateless: bool) -> Roles:
