@@ -20,6 +20,8 @@ from torch import nn
 
 import ftpipe_standin
 import stateless
+from model_checks import Family as ModelFamily
+from model_families import BERT, GPT2, ROBERTA
 from t5_models import call_kwargs, config, generated, inputs
 
 
@@ -38,6 +40,19 @@ def _t5_model(class_name: str, config_name: str) -> nn.Module:
     return getattr(generated, class_name)(config(config_name))
 
 
+def _generic(family: ModelFamily, configs: tuple[str, ...], calls: tuple[tuple[str, str], ...]) -> Family:
+    """A row for a family of tests/model_families.py: its generated module, configurations and inputs."""
+    def build(class_name: str, config_name: str) -> nn.Module:
+        torch.manual_seed(0)
+        return getattr(family.generated, class_name)(family.make_config(config_name))
+
+    def call_inputs(class_name: str, path: str, seed: int, config_name: str = "") -> dict[str, Any]:
+        return family.call_kwargs(class_name, family.inputs(True, seed=seed, config_name=config_name), path)
+
+    return Family(module=family.generated, configs=configs, build=build, calls=calls, call_inputs=call_inputs,
+                  shared_weight="shared_embed_weight")
+
+
 FAMILIES = {
     "t5": Family(
         module=generated,
@@ -48,6 +63,10 @@ FAMILIES = {
         call_inputs=lambda class_name, path, seed: call_kwargs(class_name, inputs(True, seed=seed), path),
         shared_weight="shared_embed_weight",
     ),
+    "gpt2": _generic(GPT2, GPT2.configs[:2], tuple(GPT2.cases())),
+    # tied and untied heads, relative positions; token type and position ids on the token-types path
+    "bert": _generic(BERT, ("2layer-relative-key-query", "2layer-untied-relu"), tuple(BERT.cases())),
+    "roberta": _generic(ROBERTA, ("2layer-relative-key-query", "2layer-untied-relu"), tuple(ROBERTA.cases())),
 }
 
 CASES = [

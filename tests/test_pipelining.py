@@ -1,7 +1,8 @@
 """Pipelined training on torch.distributed.pipelining equals single-process training (torchrun, gloo, CPU).
 
 Each launch runs several cases of one family in one process group (see pipelining_worker.py): a tiny
-generated model (T5, GPT-2) with tied or untied embeddings, a plan, GPipe or 1F1B, 3 Adam steps.  Per micro-batch losses, every
+generated model (T5, GPT-2, BERT, RoBERTa) with tied or untied embeddings, a plan, GPipe or 1F1B, 3 Adam
+steps.  Per micro-batch losses, every
 gradient (the tied weight's after the backend's sync) and the weights after the steps must be
 torch.equal to the reference, and every replica of the tied weight identical.
 """
@@ -87,8 +88,21 @@ GPT2_THREE_RANKS: dict[str, dict | None] = {
     "3layer-tied-relu-inner:1f1b:4:optimal": None,
     "3layer-tied-relu-inner:gpipe:3:transformer.h.1,transformer.h.2:allreduce": {"shared_embed_weight": [0, 2]},
 }
+# BertForPreTraining: embeddings, bert.encoder.layer.N, pooler, cls (the tied MLM decoder with its own bias).
+BERT_TWO_RANKS: dict[str, dict | None] = {
+    "2layer-relative-key-query:gpipe:2:bert.encoder.layer.1": {"shared_embed_weight": [0, 1]},
+    "1layer-tied:1f1b:4:cls": {"shared_embed_weight": [0, 1]},  # the heads alone on stage 1
+    "2layer-untied-relu:1f1b:2:pooler": {},  # untied: nothing shared across stages
+    "3layer-decoder-cross-attention:gpipe:3:optimal": None,
+}
+# RobertaForMaskedLM: embeddings (position ids made from input_ids), roberta.encoder.layer.N, lm_head.
+ROBERTA_TWO_RANKS: dict[str, dict | None] = {
+    "2layer-relative-key-query:1f1b:2:roberta.encoder.layer.1": {"shared_embed_weight": [0, 1]},
+    "1layer-tied:gpipe:4:lm_head": {"shared_embed_weight": [0, 1]},
+    "2layer-untied-relu:gpipe:2:roberta.encoder.layer.1": {},
+}
 FAMILY_CASES = {("t5", 2): TWO_RANKS, ("t5", 3): THREE_RANKS, ("gpt2", 2): GPT2_TWO_RANKS,
-                ("gpt2", 3): GPT2_THREE_RANKS}
+                ("gpt2", 3): GPT2_THREE_RANKS, ("bert", 2): BERT_TWO_RANKS, ("roberta", 2): ROBERTA_TWO_RANKS}
 
 
 @pytest.mark.parametrize("family,ranks", list(FAMILY_CASES), ids=[f"{f}-{r}ranks" for f, r in FAMILY_CASES])
@@ -122,7 +136,7 @@ def test_pipeline_run_needs_torchrun() -> None:
         PipelineRun(T5.build("T5ForConditionalGeneration", cfg), plan, {}, micro_batches=2, schedule="gpipe")
 
 
-@pytest.mark.parametrize("family", ["t5", "gpt2"])
+@pytest.mark.parametrize("family", ["t5", "gpt2", "bert", "roberta"])
 def test_partition_model_run_trains_the_plan_under_torchrun(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                             family: str) -> None:
     from model_families import FAMILIES
