@@ -101,7 +101,8 @@ def reference_output(class_name: str, output: Any, kwargs: Inputs) -> torch.Tens
 TRAIN_SEQUENCE = 7
 
 
-def train_batch_for(low: int, pad: int) -> Callable[[Any, int, int], Inputs]:
+def train_batch_for(low: int, pad: int, keys: tuple[str, ...]) -> Callable[[Any, int, int], Inputs]:
+    """Training batches of the default class, which takes ``keys`` (its recipe's [pipeline.inputs])."""
     def train_batch(cfg: Any, size: int, seed: int) -> Inputs:
         """A training batch of the default class: right padding in every other sequence, ignored labels."""
         values = inputs(True, size, TRAIN_SEQUENCE, seed, low=low)
@@ -109,14 +110,14 @@ def train_batch_for(low: int, pad: int) -> Callable[[Any, int, int], Inputs]:
         values["attention_mask"][1::2, -2:] = 0
         values["input_ids"][1::2, -2:] = pad
         values["labels"][::3, :2] = -100
-        return {k: values[k] for k in ("input_ids", "attention_mask", "token_type_ids", "labels",
-                                       "next_sentence_label")}
+        return {k: values[k] for k in keys}
     return train_batch
 
 
 def encoder_family(name: str, stock_module: ModuleType, generated_module: ModuleType, make_config: Callable[[str], Any],
-                   prefix: str, heads: tuple[str, ...], low: int, pad: int) -> Family:
-    """BERT or RoBERTa as the model tests see it: ``prefix``Model and its ``heads``; ids from ``low``."""
+                   prefix: str, heads: tuple[str, ...], low: int, pad: int, train_inputs: tuple[str, ...]) -> Family:
+    """BERT or RoBERTa as the model tests see it: ``prefix``Model and its ``heads``; ids from ``low``; the default
+    class trains on ``train_inputs``."""
     base = f"{prefix}Model"
     paths = {base: ("hidden", "token-types")}
     for head in heads:
@@ -128,9 +129,10 @@ def encoder_family(name: str, stock_module: ModuleType, generated_module: Module
 
     return Family(name, "4.5.1", stock_module, generated_module, make_config, tuple(CONFIGS), paths, family_inputs,
                   call_kwargs_for(base), reference_output, lengths={"sequence": 9},
-                  train_batch=train_batch_for(low, pad), train_lengths={"sequence": TRAIN_SEQUENCE},
+                  train_batch=train_batch_for(low, pad, train_inputs), train_lengths={"sequence": TRAIN_SEQUENCE},
                   embedded_inputs=("input_ids",))
 
 
 BERT = encoder_family("bert", stock, generated, config, "Bert", ("BertForMaskedLM", "BertForPreTraining"), low=1,
-                      pad=0)
+                      pad=0, train_inputs=("input_ids", "attention_mask", "token_type_ids", "labels",
+                                           "next_sentence_label"))

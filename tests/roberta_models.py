@@ -21,4 +21,5 @@ generated = importlib.import_module("generated_models.roberta.v4_5_1.modeling_ro
 PAD = 1
 config = config_factory(RobertaConfig, dict(pad_token_id=PAD, bos_token_id=0, eos_token_id=2))
 
-ROBERTA = encoder_family("roberta", stock, generated, config, "Roberta", ("RobertaForMaskedLM",), low=3, pad=PAD)
+ROBERTA = encoder_family("roberta", stock, generated, config, "Roberta", ("RobertaForMaskedLM",), low=3, pad=PAD,
+                         train_inputs=("input_ids", "attention_mask", "labels"))

@@ -89,15 +89,17 @@ GPT2_THREE_RANKS: dict[str, dict | None] = {
     "3layer-tied-relu-inner:gpipe:3:transformer.h.1,transformer.h.2:allreduce": {"shared_embed_weight": [0, 2]},
 }
 # BertForPreTraining: embeddings, bert.encoder.layer.N, pooler, cls (the tied MLM decoder with its own bias).
+# Configurations whose every parameter gets a gradient (relative positions leave the absolute position table
+# unused; cross-attention without encoder states its layers).
 BERT_TWO_RANKS: dict[str, dict | None] = {
-    "2layer-relative-key-query:gpipe:2:bert.encoder.layer.1": {"shared_embed_weight": [0, 1]},
+    "1layer-tied:gpipe:2:bert.encoder.layer.0": {"shared_embed_weight": [0, 1]},
     "1layer-tied:1f1b:4:cls": {"shared_embed_weight": [0, 1]},  # the heads alone on stage 1
     "2layer-untied-relu:1f1b:2:pooler": {},  # untied: nothing shared across stages
-    "3layer-decoder-cross-attention:gpipe:3:optimal": None,
+    "1layer-tied:gpipe:3:optimal": None,
 }
 # RobertaForMaskedLM: embeddings (position ids made from input_ids), roberta.encoder.layer.N, lm_head.
 ROBERTA_TWO_RANKS: dict[str, dict | None] = {
-    "2layer-relative-key-query:1f1b:2:roberta.encoder.layer.1": {"shared_embed_weight": [0, 1]},
+    "1layer-tied:1f1b:2:roberta.encoder.layer.0": {"shared_embed_weight": [0, 1]},
     "1layer-tied:gpipe:4:lm_head": {"shared_embed_weight": [0, 1]},
     "2layer-untied-relu:gpipe:2:roberta.encoder.layer.1": {},
 }
