@@ -225,9 +225,12 @@ def assert_rejected(args: list[str], out: Path, capsys: pytest.CaptureFixture[st
 
 
 def test_unknown_family(out_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    line = assert_rejected(["bart", "--version", "4.5.1", "--output-dir", str(out_dir)], out_dir, capsys,
-                           "unknown model family 'bart'")
-    assert "known families: gpt2, t5" in line
+    from converter.recipes import load_recipes
+
+    line = assert_rejected(["nosuch", "--version", "4.5.1", "--output-dir", str(out_dir)], out_dir, capsys,
+                           "unknown model family 'nosuch'")
+    assert line.endswith(f"known families: {', '.join(sorted(load_recipes()))}")
+    assert {"t5", "gpt2", "bert", "roberta"} <= set(load_recipes())
 
 
 @pytest.mark.parametrize("version", ["4.5.x", "../4.5.1", "", "4.5.1; rm -rf /", "4.5.1/../../x"])
