@@ -15,8 +15,8 @@ from torch.distributed.pipelining import ScheduleGPipe
 sys.path.insert(0, str(Path(__file__).parent))
 import real_weights  # noqa: E402
 
-from partitioning.family import ModelFamily  # noqa: E402
 from partitioning.blocks import MicroBatch  # noqa: E402
+from partitioning.family import ModelFamily  # noqa: E402
 from partitioning.partition import Settings, partition  # noqa: E402
 from partitioning.pipelining import PipelineRun  # noqa: E402
 
