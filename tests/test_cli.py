@@ -84,9 +84,13 @@ def test_diff_shows_original_to_generated(tmp_path: Path, capsys: pytest.Capture
 def test_list_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--list"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert [line.split(":")[0] for line in lines] == ["gpt2", "t5"]
-    assert lines[0].startswith("gpt2: transformers transformers/models/gpt2/modeling_gpt2.py")
-    assert lines[1].startswith("t5: transformers transformers/models/t5/modeling_t5.py")
+    from converter.recipes import load_recipes
+
+    families = [line.split(":")[0] for line in lines]
+    assert families == sorted(load_recipes()) and {"bert", "gpt2", "roberta", "t5"} <= set(families)
+    for line in lines:
+        family = line.split(":")[0]
+        assert line.startswith(f"{family}: transformers transformers/models/{family}/modeling_{family}.py")
     assert all(line.endswith("versions known to work: 4.5.1") for line in lines)
 
 

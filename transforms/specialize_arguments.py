@@ -244,11 +244,11 @@ class SpecializeArguments(Transform):
         if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)):
             return None
         method = self.index.enclosing(call, cst.FunctionDef)
-        owner = self.index.parent(method) if method is not None else None
-        owner = self.index.parent(owner) if isinstance(owner, cst.IndentedBlock) else owner
-        if method is None or not isinstance(owner, cst.ClassDef) or receiver(method) != func.value.value:
+        holder = self.index.parent(method) if method is not None else None
+        holder = self.index.parent(holder) if isinstance(holder, cst.IndentedBlock) else holder
+        if method is None or not isinstance(holder, cst.ClassDef) or receiver(method) != func.value.value:
             return None
-        return owner.name.value, func.attr.value
+        return holder.name.value, func.attr.value
 
     def visit_Module(self, node: cst.Module) -> None:
         # Only "is the callee an imported name?" matters here, and the module's

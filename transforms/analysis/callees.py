@@ -108,8 +108,8 @@ class Callees:
         if self.index.qualified_names(value) & set(_MODULE_LIST) and len(value.args) == 1:
             items = value.args[0].value
             if isinstance(items, cst.ListComp):
-                built = self._file_class(items.elt) if isinstance(items.elt, cst.Call) else None
-                return built, built is not None
+                item = self._file_class(items.elt) if isinstance(items.elt, cst.Call) else None
+                return item, item is not None
             if isinstance(items, cst.List) and items.elements:
                 classes = {self._file_class(e.value) if isinstance(e.value, cst.Call) else None
                            for e in items.elements}
@@ -132,7 +132,8 @@ class Callees:
         loop = self.index.enclosing(bindings[0], cst.For)
         if loop is None or self.index.enclosing(loop, cst.FunctionDef) is not method:
             return None
-        target, source = loop.target, loop.iter
+        target: cst.BaseExpression = loop.target
+        source = loop.iter
         if isinstance(source, cst.Call) and m.matches(source.func, m.Name("enumerate")) and len(source.args) == 1:
             if not (isinstance(target, cst.Tuple) and len(target.elements) == 2):
                 return None
@@ -171,4 +172,4 @@ def _assignments(method: cst.FunctionDef, owner: str, attribute: str) -> Iterato
                 elif _unpacks_into(assign_target.target, target):
                     yield cst.Name("None")  # a value no rule resolves
         elif m.matches(node.target, target):  # type: ignore[attr-defined]
-            yield cst.Name("None") if isinstance(node, cst.AugAssign) or node.value is None else node.value
+            yield cst.Name("None") if isinstance(node, cst.AugAssign) or node.value is None else node.value  # type: ignore[attr-defined]
