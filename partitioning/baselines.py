@@ -1,10 +1,11 @@
 """The splits other tools make by default, to compare plans against.
 
 * ``uniform``: optimum-graphcore's default ``layers_per_ipu`` (all ``-1``):
-  the transformer layers (blocks running items of the family's layer lists),
-  encoder then decoder, are spread evenly, the remainder going to the last
-  device.  Blocks that are not layers stay with the layer before them (the
-  embedding goes on the first stage, the head on the last).
+  the transformer layers (blocks running items of the family's layer lists,
+  or a layer's sub-layer blocks together), encoder then decoder, are spread
+  evenly, the remainder going to the last device.  Blocks that are not
+  layers stay with the layer before them (the embedding goes on the first
+  stage, the head on the last).
 * ``parameters``: DeepSpeed's ``partition_method="parameters"``: the most
   balanced split of parameter counts, a tied weight counted in every block
   that uses it (as DeepSpeed counts a ``TiedLayerSpec`` at each occurrence).
@@ -15,12 +16,23 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from partitioning.partition import Segment, check_stage_count, min_max_split
-from partitioning.plan import Block, PlanError, block_layers
+from partitioning.plan import Block, PlanError, block_layers, layer_of
+
+
+def layer_starts(blocks: Sequence[Block], layer_lists: Sequence[str]) -> list[int]:
+    """Indices of the blocks where a layer begins (a layer block, or a layer's first sub-layer block)."""
+    starts, previous = [], None
+    for i, block in enumerate(blocks):
+        layer = layer_of(block.first_module, layer_lists)
+        if block_layers(block, layer_lists) or (layer is not None and layer != previous):
+            starts.append(i)
+        previous = layer
+    return starts
 
 
 def uniform_split(blocks: Sequence[Block], stages: int, layer_lists: Sequence[str]) -> list[Segment]:
     check_stage_count(len(blocks), stages)
-    layers = [i for i, b in enumerate(blocks) if block_layers(b, layer_lists)]
+    layers = layer_starts(blocks, layer_lists)
     if len(layers) < stages:
         raise PlanError(f"the uniform split needs at least one layer per stage: {len(layers)} layers, {stages} stages")
     quotient, remainder = divmod(len(layers), stages)

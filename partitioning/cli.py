@@ -9,7 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 from converter.atomic import write_atomic
+from partitioning import granularity as grain
+from partitioning.calibration import Calibration, calibrate, clock
+from partitioning.costing import Chain
 from partitioning.family import ModelFamily, definitions
 from partitioning.ipu.cli import add_ipu_arguments, run_ipu
 from partitioning.partition import SCHEDULES, Settings, partition
@@ -38,7 +43,9 @@ def _parser() -> argparse.ArgumentParser:
     size.add_argument("--shape", help="a named shape of the family (its recipe's [shapes]; default: its default)")
     size.add_argument("--config", type=Path, help="a HuggingFace config.json giving the shape")
     parser.add_argument("--class", dest="class_name", help="model class (default: the family's default class)")
-    parser.add_argument("--granularity", type=int, default=1, help="transformer layers per block (default 1)")
+    parser.add_argument("--granularity", default=grain.AUTO,
+                        help="blocks: N layers each, 'sublayer' (the family's sub-layers, cutting inside layers), "
+                             "or 'auto' (default: plan both, keep the better; --target ipu: 1)")
     batch = parser.add_argument_group("micro-batch and schedule")
     batch.add_argument("--batch", type=int, default=8, help="sequences per micro-batch")
     batch.add_argument("--seq-len", type=_length, action="append", default=[], metavar="NAME=N",
@@ -59,6 +66,17 @@ def _parser() -> argparse.ArgumentParser:
     machine.add_argument("--measure", type=int, metavar="REPEATS", default=0,
                          help="time each block on --device (median of REPEATS runs) and plan on that time")
     machine.add_argument("--device", default="meta", help="where to build the model for costing (default: meta)")
+    machine.add_argument("--memory-bandwidth", type=float, default=2000.0,
+                         help="GB/s of device memory, for the cost of recomputing a value (default 2000)")
+    machine.add_argument("--no-recompute", action="store_true",
+                         help="send every value crossing a cut (default: recompute those cheaper to recompute)")
+    machine.add_argument("--calibration", type=Path, metavar="FILE",
+                         help="plan from a calibration written by --calibrate (times, FLOP/s, bandwidths)")
+    machine.add_argument("--calibrate", type=Path, metavar="FILE",
+                         help="measure this machine on --device (block times, FLOP/s, memory and link bandwidth) "
+                              "for this model and micro-batch, write FILE and stop")
+    machine.add_argument("--threads", type=int, default=1,
+                         help="with --calibrate on CPU: intra-op threads, as each pipeline rank runs (default 1)")
     out = parser.add_argument_group("output")
     out.add_argument("--output", type=Path, default=Path("plan.json"), help="plan JSON (default: plan.json)")
     out.add_argument("--plot", type=Path, help="PNG of per-stage time and memory")
@@ -123,21 +141,45 @@ def _plan(args: argparse.Namespace) -> tuple[str, Plan]:
                         f"(a class whose forward returns its loss); {class_name} returns its {info.output}")
     if args.measure and args.device == "meta":
         raise PlanError("--measure needs a real --device (cpu or cuda)")
+    if args.measure and args.calibration:
+        raise PlanError("give --measure (time blocks now) or --calibration (times measured before), not both")
+    granularity = grain.parse(args.granularity)
+    if args.target == "ipu" and granularity == grain.AUTO:
+        granularity = 1  # IPU placement works on whole layers
+    calibration = _calibration(args.calibration) if args.calibration else None
     config = family.config(args.shape, args.config)
     micro_batch = family.micro_batch(args.batch, _lengths(args))
     settings = Settings(device_flops=args.device_flops * 1e12, bandwidth=args.bandwidth * 1e9,
                         memory_limit=args.memory_gb * 1e9 if args.memory_gb is not None else None,
                         micro_batches=args.micro_batches, schedule=args.schedule,
                         optimizer_states=args.optimizer_states, master_weights=args.master_weights,
-                        measured=bool(args.measure))
+                        measured=bool(args.measure), memory_bandwidth=args.memory_bandwidth * 1e9,
+                        # PopTorch placement runs the model as traced: a value crossing IPUs is sent
+                        recompute=not args.no_recompute and args.target != "ipu")
+    if calibration is not None:
+        settings = calibration.settings(settings)
     model = family.build(class_name, config, args.device)
-    chain = family.chain(class_name, config, micro_batch, args.granularity, args.device, args.measure, model=model)
+    sublayers = granularity in (grain.AUTO, grain.SUBLAYER)
+    chain = family.chain(class_name, config, micro_batch, granularity if isinstance(granularity, int) else 1,
+                         args.device, args.measure, model=model, sublayers=sublayers)
     shape = args.shape or (str(args.config) if args.config else family.definition.default_shape)
-    description = {**family.describe(class_name, config, micro_batch, shape, args.granularity),
-                   "shared_bytes": chain.shared_bytes}
-    plan = partition(chain.blocks, args.stages, settings, description)
-    report = [f"{args.family} {args.version} {class_name} {shape}: {len(chain.blocks)} blocks, "
-              f"micro-batch {micro_batch.describe()}, {args.micro_batches} micro-batches, {args.schedule}",
+    layer_lists = family.layer_lists(class_name)
+    if calibration is not None:
+        chain = calibration.apply(chain, layer_lists, family.describe(class_name, config, micro_batch, shape, 1))
+
+    def plan_of(candidate: Chain, chosen: str | int) -> Plan:
+        description = {**family.describe(class_name, config, micro_batch, shape, chosen),
+                       "shared_bytes": candidate.shared_bytes}
+        return partition(candidate.blocks, args.stages, settings, description, candidate.values)
+
+    if granularity == grain.AUTO:
+        plan, chain = grain.choose(chain, layer_lists, plan_of)
+    else:
+        plan = plan_of(chain, granularity)
+    report = [f"{args.family} {args.version} {class_name} {shape}: {len(chain.blocks)} blocks "
+              f"(granularity {plan.model['granularity']}), micro-batch {micro_batch.describe()}, "
+              f"{args.micro_batches} micro-batches, {args.schedule}"
+              + (f", calibrated on {calibration.device}" if calibration is not None else ""),
               format_plan(plan)]
 
     write_atomic(args.output, plan.to_json().encode())
@@ -157,6 +199,45 @@ def _plan(args: argparse.Namespace) -> tuple[str, Plan]:
     return "\n".join(report), plan
 
 
+def _calibration(path: Path) -> Calibration:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PlanError(f"cannot read calibration {path}: {exc.strerror}") from None
+    return Calibration.from_json(text, str(path))
+
+
+def _calibrate(args: argparse.Namespace) -> str:
+    """Measure this machine for the model and micro-batch the arguments describe; write the calibration."""
+    family = ModelFamily.load(args.family, args.version)
+    class_name = args.class_name or family.definition.default_class
+    if not family.class_info(class_name).trains:
+        raise PlanError(f"--calibrate times training steps: it needs a class that computes its loss, "
+                        f"not {class_name}")
+    if args.device == "meta":
+        raise PlanError("--calibrate needs a real --device (cpu or cuda)")
+    if args.threads < 1:
+        raise PlanError(f"--threads must be at least 1, got {args.threads}")
+    if not args.device.startswith("cuda"):
+        torch.set_num_threads(args.threads)
+    config = family.config(args.shape, args.config)
+    micro_batch = family.micro_batch(args.batch, _lengths(args))
+    shape = args.shape or (str(args.config) if args.config else family.definition.default_shape)
+    torch.manual_seed(0)
+    model = family.build(class_name, config, args.device)
+    repeats = args.measure or 5
+    chain = family.chain(class_name, config, micro_batch, 1, args.device, repeats, model=model, sublayers=True,
+                         clock=clock(args.device))
+    inputs = family.inputs(class_name, config, micro_batch, args.device)
+    described = family.describe(class_name, config, micro_batch, shape, grain.SUBLAYER)
+    result = calibrate(chain, model, inputs, described, repeats, args.threads)
+    write_atomic(args.calibrate, result.to_json().encode())
+    return (f"calibrated {args.family} {args.version} {class_name} {shape}, micro-batch {micro_batch.describe()} "
+            f"on {result.device} ({args.threads} thread(s)): {result.flops / 1e9:.3g} GFLOP/s, backward "
+            f"{result.backward_factor:.2f}x forward, memory {result.memory_bandwidth / 1e9:.3g} GB/s, "
+            f"{result.backend} link {result.bandwidth / 1e9:.3g} GB/s\nwrote {args.calibrate}")
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         parser = _parser()  # its flags come from the families' data
@@ -169,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.target == "ipu" and args.ipu_plan is not None:
             return run_ipu(args)
+        if args.calibrate is not None:
+            print(_calibrate(args), flush=True)
+            return 0
         report, plan = _plan(args)
         print(report, flush=True)
         if args.target == "ipu":

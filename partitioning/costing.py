@@ -20,15 +20,21 @@ no memory is used for large shapes):
   ``u > p`` is live across every cut ``p .. u-1``; a cut's bytes are the sum
   over those values (model inputs count as produced in block 0, so labels and
   decoder ids passed through are included).  Parameters and constants
-  (``get_attr``) never cross: a pipeline replicates them.
+  (``get_attr``) never cross: a pipeline replicates them.  Each crossing
+  value also says whether and at what cost a receiving stage could
+  recompute it (:mod:`partitioning.crossing`): the run records, per node,
+  its FLOPs, the bytes it writes, whether it draws random numbers and which
+  tensors it writes in place.
 * Activations saved for backward: a ``saved_tensors_hooks`` pack hook sees
   every tensor autograd keeps.  A view is counted as its base, parameters are
   skipped (they are parameter bytes), and a tensor is counted once per block
   that saves it: exact for a block alone on a stage, an upper bound when two
   blocks of one stage save the same tensor (e.g. the encoder output that every
   decoder block's cross-attention keeps).
-* Wall time (optional, real devices only): a second run timestamps each
-  block transition; the median over repeats is kept.
+* Time (optional, real devices only): a second run timestamps each block
+  transition; the median over repeats is kept.  The clock is wall time, or
+  the thread's CPU time when asked (a single-threaded CPU run on a shared
+  machine: time the thread waited for a core is not the block's).
 """
 
 from __future__ import annotations
@@ -41,10 +47,13 @@ from typing import Any
 
 import torch
 from torch.fx import GraphModule, Interpreter, Node
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
-from partitioning.plan import Block, PlanError
+from partitioning.crossing import NodeCosts, crossing_values
+from partitioning.plan import Block, PlanError, Value
+from partitioning.slices import OpFacts
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,7 @@ class Chain:
     blocks: list[Block]
     shared_bytes: dict[str, int] = field(default_factory=dict)  # shared weight name -> bytes
     total_flops: int = 0  # the whole forward as FlopCounterMode counts it
+    values: list[Value] = field(default_factory=list)  # every tensor crossing a cut, recomputable or not
 
 
 def tensor_bytes(value: Any) -> int:
@@ -109,6 +119,38 @@ def assign_blocks(model: torch.nn.Module, graph_module: GraphModule, specs: Sequ
     return block_of
 
 
+def _storage(tensor: torch.Tensor) -> int | None:
+    try:
+        return tensor.untyped_storage()._cdata
+    except (NotImplementedError, RuntimeError):  # a tensor without storage
+        return None
+
+
+class _OpRecorder(TorchDispatchMode):
+    """Notes, for the node running, the random draws and the storages written in place (aten schemas say which)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.node: Node | None = None
+        self.random: set[Node] = set()
+        self.written: dict[Node, set[int]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        assert self.node is not None
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self.random.add(self.node)
+        schema = func._schema
+        if schema.is_mutable:
+            given = list(args) + [kwargs.get(spec.name) for spec in schema.arguments[len(args):]]
+            for spec, arg in zip(schema.arguments, given):
+                if spec.alias_info is not None and spec.alias_info.is_write:
+                    for tensor in tree_leaves(arg):
+                        if isinstance(tensor, torch.Tensor) and _storage(tensor) is not None:
+                            self.written.setdefault(self.node, set()).add(_storage(tensor))  # type: ignore[arg-type]
+        return func(*args, **kwargs)
+
+
 class _CostingInterpreter(Interpreter):
     """Runs the graph once, charging FLOPs, output bytes and saved tensors to the running block."""
 
@@ -119,9 +161,12 @@ class _CostingInterpreter(Interpreter):
         self.saved: list[dict[int, int]] = [{} for _ in range(blocks)]  # id(base) -> bytes, per block
         self.value_bytes: dict[Node, int] = {}
         self.descriptions: dict[Node, str] = {}
+        self.nodes = NodeCosts()
+        self._owner: dict[int, Node] = {}  # storage -> the node that first produced a tensor on it
+        self._recorder = _OpRecorder()
         self._current = 0
         self._counter: FlopCounterMode | None = None
-        self._keep: list[torch.Tensor] = []  # keeps ids unique while the run lasts
+        self._keep: list[Any] = []  # keeps ids (saved tensors, storages) unique while the run lasts
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         base = tensor if tensor._base is None else tensor._base
@@ -134,18 +179,41 @@ class _CostingInterpreter(Interpreter):
         self._current = self.block_of[n]
         assert self._counter is not None
         before = self._counter.get_total_flops()
+        self._recorder.node = n
         value = super().run_node(n)
-        self.flops[self._current] += self._counter.get_total_flops() - before
+        flops = self._counter.get_total_flops() - before
+        self.flops[self._current] += flops
+        self._note(n, value, flops)
         if n.op != "get_attr":
             self.value_bytes[n] = tensor_bytes(value)
             if self.value_bytes[n]:
                 self.descriptions[n] = _describe(n, value)
         return value
 
+    def _note(self, n: Node, value: Any, flops: int) -> None:
+        """Per-node facts for recomputation: FLOPs, fresh bytes written (views write none), gradient, tensors."""
+        tensors = [leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor)]
+        self.nodes.flops[n] = flops
+        self.nodes.tensors[n] = [(str(t.dtype).removeprefix("torch."), tuple(t.shape)) for t in tensors]
+        self.nodes.grad[n] = any(t.requires_grad for t in tensors)
+        fresh = 0
+        for tensor in tensors:
+            storage = _storage(tensor)
+            if storage is not None and storage not in self._owner:
+                self._owner[storage] = n
+                self._keep.append(tensor)
+                fresh += tensor.numel() * tensor.element_size()
+        self.nodes.written[n] = fresh
+
+    def facts(self) -> OpFacts:
+        writes = {node: {self._owner[s] for s in storages if s in self._owner}
+                  for node, storages in self._recorder.written.items()}
+        return OpFacts(random=set(self._recorder.random), writes={n: w for n, w in writes.items() if w})
+
     def cost(self, *args: Any) -> Any:
         with FlopCounterMode(display=False) as counter:
             self._counter = counter
-            with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor):
+            with self._recorder, torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor):
                 output = self.run(*args)
         self._counter = None
         return output
@@ -153,9 +221,9 @@ class _CostingInterpreter(Interpreter):
 
 class _TimingInterpreter(Interpreter):
     def __init__(self, graph_module: GraphModule, block_of: dict[Node, int], blocks: int,
-                 sync: Callable[[], None]) -> None:
+                 sync: Callable[[], None], clock: Callable[[], float]) -> None:
         super().__init__(graph_module, garbage_collect_values=True)
-        self.block_of, self.sync = block_of, sync
+        self.block_of, self.sync, self.clock = block_of, sync, clock
         self.seconds = [0.0] * blocks
         self._current, self._since = 0, 0.0
 
@@ -163,17 +231,17 @@ class _TimingInterpreter(Interpreter):
         block = self.block_of[n]
         if block != self._current:
             self.sync()
-            now = time.perf_counter()
+            now = self.clock()
             self.seconds[self._current] += now - self._since
             self._current, self._since = block, now
         return super().run_node(n)
 
     def time(self, *args: Any) -> list[float]:
         self.sync()
-        self._since = time.perf_counter()
+        self._since = self.clock()
         self.run(*args)
         self.sync()
-        self.seconds[self._current] += time.perf_counter() - self._since
+        self.seconds[self._current] += self.clock() - self._since
         return self.seconds
 
 
@@ -207,7 +275,8 @@ def _inputs_in_order(graph_module: GraphModule, kwargs: dict[str, Any]) -> list[
 
 
 def cost_chain(model: torch.nn.Module, specs: Sequence[BlockSpec], kwargs: dict[str, torch.Tensor],
-               concrete_args: dict[str, Any], measure_repeats: int = 0) -> Chain:
+               concrete_args: dict[str, Any], measure_repeats: int = 0,
+               clock: Callable[[], float] = time.perf_counter) -> Chain:
     """Cost every block of ``specs`` for one micro-batch given as ``kwargs``."""
     if not specs:
         raise PlanError("the chain has no blocks")
@@ -229,27 +298,29 @@ def cost_chain(model: torch.nn.Module, specs: Sequence[BlockSpec], kwargs: dict[
     param_bytes = [0] * len(specs)
     shared: list[list[str]] = [[] for _ in specs]
     shared_bytes: dict[str, int] = {}
-    for name, blocks in users.items():
-        param_bytes[min(blocks)] += sizes[name]
-        if len(blocks) > 1:
+    for name, using in users.items():
+        param_bytes[min(using)] += sizes[name]
+        if len(using) > 1:
             shared_bytes[name] = sizes[name]
-            for block in sorted(blocks):
+            for block in sorted(using):
                 shared[block].append(name)
 
     seconds: list[float | None] = [None] * len(specs)
     if measure_repeats:
-        seconds = list(_measure(graph_module, block_of, len(specs), args, measure_repeats))
+        seconds = list(_measure(graph_module, block_of, len(specs), args, measure_repeats, clock))
 
     blocks = [Block(name=spec.name, modules=spec.modules, flops=float(costing.flops[i]), param_bytes=param_bytes[i],
                     out_bytes=sum(costing.value_bytes[n] for n in crossing[i]),
                     activation_bytes=sum(costing.saved[i].values()), seconds=seconds[i], shared=tuple(shared[i]),
                     crossing=tuple(costing.descriptions[n] for n in crossing[i]))
               for i, spec in enumerate(specs)]
-    return Chain(blocks=blocks, shared_bytes=shared_bytes, total_flops=sum(costing.flops))
+    costing.nodes.bytes = costing.value_bytes
+    values = crossing_values(model, graph_module, block_of, costing.nodes, costing.facts())
+    return Chain(blocks=blocks, shared_bytes=shared_bytes, total_flops=sum(costing.flops), values=values)
 
 
 def _measure(graph_module: GraphModule, block_of: dict[Node, int], blocks: int, args: list[Any],
-             repeats: int) -> list[float]:
+             repeats: int, clock: Callable[[], float]) -> list[float]:
     devices = {a.device for a in args if isinstance(a, torch.Tensor)}
     if any(d.type == "meta" for d in devices):
         raise PlanError("wall time cannot be measured on the meta device")
@@ -259,6 +330,6 @@ def _measure(graph_module: GraphModule, block_of: dict[Node, int], blocks: int, 
         if cuda:
             torch.cuda.synchronize()
 
-    _TimingInterpreter(graph_module, block_of, blocks, sync).time(*args)  # warm-up: allocator, kernels
-    runs = [_TimingInterpreter(graph_module, block_of, blocks, sync).time(*args) for _ in range(repeats)]
+    _TimingInterpreter(graph_module, block_of, blocks, sync, clock).time(*args)  # warm-up: allocator, kernels
+    runs = [_TimingInterpreter(graph_module, block_of, blocks, sync, clock).time(*args) for _ in range(repeats)]
     return [statistics.median(run[i] for run in runs) for i in range(blocks)]

@@ -10,7 +10,8 @@ The knowledge itself is data in ``converter/recipe_data/<family>.toml``.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -126,7 +127,7 @@ class ModelFamily:
 
     def chain(self, class_name: str, config: Any, micro_batch: MicroBatch, layers_per_block: int = 1,
               device: str | torch.device = "meta", measure_repeats: int = 0, model: torch.nn.Module | None = None,
-              sublayers: bool = False) -> Chain:
+              sublayers: bool = False, clock: Callable[[], float] = time.perf_counter) -> Chain:
         """Build (unless given: then on its device) and cost the block chain of ``class_name``."""
         if model is None:
             model = self.build(class_name, config, device)
@@ -135,10 +136,10 @@ class ModelFamily:
         kwargs = self.inputs(class_name, config, micro_batch, device)
         absent = {name: None for name in inspect.signature(model.forward).parameters if name not in kwargs}
         specs = self.block_specs(class_name, model, layers_per_block, sublayers)
-        return cost_chain(model, specs, kwargs, absent, measure_repeats)
+        return cost_chain(model, specs, kwargs, absent, measure_repeats, clock)
 
     def describe(self, class_name: str, config: Any, micro_batch: MicroBatch, shape: str,
-                 granularity: int) -> dict[str, Any]:
+                 granularity: int | str) -> dict[str, Any]:
         """The plan's record of the model: enough for ``partitioning.train`` to rebuild it and its inputs."""
         return {"family": self.name, "version": self.version, "class": class_name,
                 "output": self.class_info(class_name).output, "module": self.package,

@@ -1,9 +1,22 @@
 """Exact optimal contiguous split of a block chain into pipeline stages.
 
 A stage costs, per micro-batch, its forward + backward compute (backward
-modelled as 2x forward) plus the time to send the tensors crossing its
-outgoing cut.  The split minimizes the bottleneck (the most expensive
-stage), subject to a per-device memory limit.  Ties are broken exactly:
+modelled as 2x forward, or as calibrated) plus the time to send the tensors
+crossing its outgoing cut, plus the time to recompute the values it chooses
+to recompute rather than receive.  The split minimizes the bottleneck (the
+most expensive stage), subject to a per-device memory limit.
+
+Recompute or send.  Each value crossing a cut that the costing found
+replayable (:class:`~partitioning.plan.Recompute`) is recomputed by every
+later stage reading it when that is cheaper at every cut it spans:
+recomputing costs its slice's FLOPs at the device's FLOP/s plus its written
+bytes at the device's memory bandwidth, and, when the slice reads trainable
+parameters (which the receiving stage then holds as a replica), one
+exchange of their gradient per micro-batch; the model inputs it reads must
+reach the stage too (free where they cross anyway).  Sending costs the
+value's bytes at the link bandwidth.  The choice is per value, the same at
+every cut (so no stage recomputes a value only to pass it on), and the same
+for values a backend cannot tell apart (same key).  Ties are broken exactly:
 among splits with the same bottleneck, the least total bytes over the cuts,
 then the lexicographically smallest stage ends.  Every comparison is between
 floats computed the same way from exact segment sums (``math.fsum`` is
@@ -18,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from partitioning.plan import Block, Plan, PlanError, Stage
+from partitioning.plan import Block, Plan, PlanError, Stage, Value
 
 SCHEDULES = ("gpipe", "1f1b")
 Segment = tuple[int, int]  # first and last block index, inclusive
@@ -36,6 +49,9 @@ class Settings:
     optimizer_states: int = 2  # extra copies of every parameter: Adam keeps exp_avg and exp_avg_sq
     master_weights: bool = False  # mixed precision keeps one more (fp32 master) copy
     measured: bool = False  # cost compute with the blocks' measured seconds instead of FLOPs
+    memory_bandwidth: float = 2e12  # bytes/s a device reads/writes its memory (recompute cost)
+    backward_factor: float = 2.0  # backward time as a multiple of forward time
+    recompute: bool = True  # recompute crossing values where cheaper than sending them
 
     def __post_init__(self) -> None:
         if not self.device_flops > 0 or not self.bandwidth > 0:
@@ -48,6 +64,8 @@ class Settings:
             raise PlanError(f"the memory limit must be positive, got {self.memory_limit}")
         if self.optimizer_states < 0:
             raise PlanError(f"optimizer states must be >= 0, got {self.optimizer_states}")
+        if not self.memory_bandwidth > 0 or not self.backward_factor >= 0:
+            raise PlanError("memory bandwidth must be positive and the backward factor non-negative")
 
     @property
     def state_copies(self) -> int:
@@ -64,11 +82,39 @@ class Settings:
         return asdict(self)
 
 
+def recompute_seconds(value: Value, settings: Settings) -> float:
+    """Per micro-batch, what recomputing ``value`` costs its receiving stage (it must be recomputable)."""
+    assert value.recompute is not None
+    r = value.recompute
+    sync = r.param_bytes / settings.bandwidth if r.grad else 0.0  # the replicas' gradient exchange
+    return r.flops / settings.device_flops + r.bytes / settings.memory_bandwidth + sync
+
+
+def choose_recomputed(values: Sequence[Value], settings: Settings) -> set[str]:
+    """Names of the values cheaper to recompute than to send at every cut they span (see the module doc)."""
+    if not settings.recompute:
+        return set()
+    by_name = {v.name: v for v in values}
+    worth: dict[str, bool] = {}
+    for value in values:
+        ok = value.recompute is not None
+        if ok:
+            assert value.recompute is not None
+            seconds = recompute_seconds(value, settings)
+            for cut in range(value.produced, value.last_use):
+                # model inputs the slice reads and that do not cross this cut anyway must be carried across it
+                extra = sum(size for name, size in value.recompute.inputs
+                            if name not in by_name or not by_name[name].crosses(cut))
+                ok = ok and seconds + extra / settings.bandwidth < value.bytes / settings.bandwidth
+        worth[value.key] = worth.get(value.key, True) and ok
+    return {v.name for v in values if worth[v.key]}
+
+
 class ChainCosts:
     """Stage costs of any contiguous segment, from exact (correctly rounded) segment sums."""
 
     def __init__(self, blocks: Sequence[Block], settings: Settings,
-                 shared_bytes: Mapping[str, int] | None = None) -> None:
+                 shared_bytes: Mapping[str, int] | None = None, values: Sequence[Value] = ()) -> None:
         if settings.measured and any(b.seconds is None for b in blocks):
             missing = next(b.name for b in blocks if b.seconds is None)
             raise PlanError(f"block {missing!r} has no measured time (cost with --measure, or plan on FLOPs)")
@@ -83,6 +129,58 @@ class ChainCosts:
         self._shared_users = {name: [k for k, b in enumerate(blocks) if name in b.shared]
                               for name in (shared_bytes or {})}
         self._shared_bytes = dict(shared_bytes or {})
+        self.values = list(values)
+        self.recomputed = choose_recomputed(self.values, settings)
+        self._cut_bytes = self._sent_bytes() if self.values else [b.out_bytes for b in blocks]
+        self._recomputes = [(v, recompute_seconds(v, settings)) for v in self.values if v.name in self.recomputed]
+        self._by_start: dict[int, tuple[list[float], list[int]]] = {}
+
+    def _sent_bytes(self) -> list[int]:
+        """Bytes over each cut: values not recomputed, model inputs carried as far as a recomputation reads them."""
+        reach = {v.name: v.last_use for v in self.values}
+        sizes = {v.name: v.bytes for v in self.values}
+        produced = {v.name: v.produced for v in self.values}
+        for value in self.values:
+            if value.name in self.recomputed:
+                assert value.recompute is not None
+                for name, size in value.recompute.inputs:
+                    reach[name] = max(reach.get(name, 0), value.last_use)
+                    sizes.setdefault(name, size)
+                    produced.setdefault(name, 0)
+        return [sum(sizes[name] for name, last in reach.items()
+                    if name not in self.recomputed and produced[name] <= j < last) for j in range(len(self.blocks))]
+
+    def recomputing(self, i: int, j: int) -> list[Value]:
+        """The values a stage running blocks ``i..j`` recomputes: made before it, read inside it."""
+        return [v for v, _ in self._recomputes if v.produced < i and any(i <= use <= j for use in v.uses)]
+
+    def _starting_at(self, i: int) -> tuple[list[float], list[int]]:
+        """For stages starting at block ``i``, by last block ``j``: recompute seconds and replicated parameters.
+
+        A value made before ``i`` joins once ``j`` reaches its first read at or after ``i``, so both
+        grow with ``j``: one pass per ``i`` (cached) instead of a scan of the values per segment.
+        """
+        if i not in self._by_start:
+            n = len(self.blocks)
+            joins: list[list[tuple[Value, float]]] = [[] for _ in range(n)]
+            for value, seconds in self._recomputes:
+                later = bisect.bisect_left(value.uses, i)
+                if value.produced < i and later < len(value.uses):
+                    joins[value.uses[later]].append((value, seconds))
+            times, params, total, held = [], [], 0.0, {}
+            for j in range(n):
+                for value, seconds in joins[j]:
+                    total += seconds
+                    assert value.recompute is not None
+                    if value.recompute.grad:  # a replica of the trainable parameters it reads
+                        held[value.recompute.params] = value.recompute.param_bytes
+                times.append(total)
+                params.append(sum(held.values()))
+            self._by_start[i] = (times, params)
+        return self._by_start[i]
+
+    def recompute_time(self, i: int, j: int) -> float:
+        return self._starting_at(i)[0][j] if self._recomputes else 0.0
 
     def _replica_bytes(self, i: int, j: int) -> int:
         total = 0
@@ -92,19 +190,24 @@ class ChainCosts:
                 total += self._shared_bytes[name]
         return total
 
+    def _replica_params(self, i: int, j: int) -> int:
+        """Trainable parameters a stage holds only to recompute values (a replica each)."""
+        return self._starting_at(i)[1][j] if self._recomputes else 0
+
     def compute(self, i: int, j: int) -> float:
-        work = self._work[i][j]
-        return 3.0 * work if self.settings.measured else 3.0 * work / self.settings.device_flops
+        work = (1.0 + self.settings.backward_factor) * self._work[i][j]
+        return work if self.settings.measured else work / self.settings.device_flops
 
     def communication(self, j: int) -> float:
-        last = j == len(self.blocks) - 1
-        return 0.0 if last else self.blocks[j].out_bytes / self.settings.bandwidth
+        return self.cut_bytes(j) / self.settings.bandwidth
 
     def cost(self, i: int, j: int) -> float:
-        return self.compute(i, j) + self.communication(j)
+        if not self._recomputes:
+            return self.compute(i, j) + self.communication(j)
+        return self.compute(i, j) + self.recompute_time(i, j) + self.communication(j)
 
     def memory(self, stage: int, stages: int, i: int, j: int) -> float:
-        params = self._params[j + 1] - self._params[i] + self._replica_bytes(i, j)
+        params = self._params[j + 1] - self._params[i] + self._replica_bytes(i, j) + self._replica_params(i, j)
         activations = self._activations[j + 1] - self._activations[i]
         return self.settings.state_copies * params + self.settings.in_flight(stage, stages) * activations
 
@@ -113,7 +216,7 @@ class ChainCosts:
         return limit is None or self.memory(stage, stages, i, j) <= limit
 
     def cut_bytes(self, j: int) -> int:
-        return 0 if j == len(self.blocks) - 1 else self.blocks[j].out_bytes
+        return 0 if j == len(self.blocks) - 1 else self._cut_bytes[j]
 
 
 def _prefix(values: Sequence[int]) -> list[int]:
@@ -175,21 +278,26 @@ def min_max_split(n: int, k: int, cost: Callable[[int, int, int], float],
 
 
 def build_plan(blocks: Sequence[Block], segments: Sequence[Segment], settings: Settings,
-               model: dict[str, Any], costs: ChainCosts | None = None, method: str = "optimal") -> Plan:
+               model: dict[str, Any], costs: ChainCosts | None = None, method: str = "optimal",
+               values: Sequence[Value] = ()) -> Plan:
     """The plan of a given split, costed under ``settings`` (memory is reported, not enforced)."""
-    costs = costs or ChainCosts(blocks, settings, model.get("shared_bytes"))
+    costs = costs or ChainCosts(blocks, settings, model.get("shared_bytes"), values)
     k = len(segments)
     stages = [Stage(index=s, blocks=tuple(b.name for b in blocks[i:j + 1]), compute=costs.compute(i, j),
-                    communication=costs.communication(j), memory_bytes=round(costs.memory(s, k, i, j)))
+                    communication=costs.communication(j), memory_bytes=round(costs.memory(s, k, i, j)),
+                    recompute=tuple(dict.fromkeys(v.key for v in costs.recomputing(i, j))),
+                    recompute_time=costs.recompute_time(i, j), send_bytes=costs.cut_bytes(j))
               for s, (i, j) in enumerate(segments)]
     return Plan(model=dict(model), blocks=list(blocks), stages=stages,
-                settings={**settings.to_dict(), "stages": k, "method": method})
+                settings={**settings.to_dict(), "stages": k, "method": method}, values=list(costs.values),
+                recomputed=[v.name for v in costs.values if v.name in costs.recomputed])
 
 
-def partition(blocks: Sequence[Block], stages: int, settings: Settings, model: dict[str, Any] | None = None) -> Plan:
+def partition(blocks: Sequence[Block], stages: int, settings: Settings, model: dict[str, Any] | None = None,
+              values: Sequence[Value] = ()) -> Plan:
     """The optimal plan: least bottleneck over all contiguous splits that fit the memory limit."""
     check_stage_count(len(blocks), stages)
-    costs = ChainCosts(blocks, settings, (model or {}).get("shared_bytes"))
+    costs = ChainCosts(blocks, settings, (model or {}).get("shared_bytes"), values)
     segments = min_max_split(len(blocks), stages, lambda s, i, j: costs.cost(i, j),
                              lambda s, i, j: costs.fits(s, stages, i, j), costs.cut_bytes)
     if segments is None:

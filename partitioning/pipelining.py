@@ -17,7 +17,12 @@ plan and a generated model to it and covers what the engine does not do:
   head) is replicated into each of them with gradients never combined: like
   DeepSpeed's ``TiedLayerSpec``, the copies start identical (broadcast from
   the first holder) and get the summed gradient after every backward (see
-  :mod:`partitioning.tied`), so identical optimizer updates keep them equal.
+  :mod:`partitioning.tied`), so identical optimizer updates keep them equal;
+* a value the plan has a stage recompute instead of receive (T5's position
+  bias, its extended masks) is replayed there from the traced graph (see
+  :mod:`partitioning.recompute_graph`): the parameters it reads become
+  replicas kept equal like tied weights, and its gradient goes back to the
+  stage that made it (:mod:`partitioning.gradient_return`).
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, SplitPoint, pipeline
+from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, SplitPoint
+from torch.distributed.pipelining._IR import Pipe, annotate_split_points
 
 from partitioning.plan import Plan, PlanError
+from partitioning.recompute_graph import Recomputation, recompute_policy
 from partitioning.stage_graphs import contiguous_boundaries, relay_shared_activations, sort_stage_inputs
 from partitioning.tied import TiedCopy, holders, ordered_sum
 
@@ -92,8 +99,16 @@ class PipelineRun:
             model.make_stateless()  # one shared Parameter, no module registered under two names
         self.input_names = tuple(example)
         self.stages, self.micro_batches, self.tied_sum = len(plan.stages), micro_batches, tied_sum
+        # Every rank makes every group, in the same order: the plan is the same on all of them.
+        side = dist.new_group(list(range(world))) if any(stage.recompute for stage in plan.stages) else None
         wrapped = CarryInputs(model, self.input_names)
-        pipe = pipeline(wrapped, mb_args=tuple(example.values()), split_spec=split_spec(plan, model, _PREFIX))
+        annotate_split_points(wrapped, split_spec(plan, model, _PREFIX))
+        self.recomputation = Recomputation()
+        # What torch.distributed.pipelining.pipeline() does, with the recompute rewrite before the split.
+        pipe = Pipe.from_tracing(wrapped, tuple(example.values()),
+                                 split_policy=recompute_policy(plan, _PREFIX, self.recomputation))
+        for link in self.recomputation.links:
+            link.group = side
         if pipe.num_stages != self.stages:
             raise PlanError(f"the engine made {pipe.num_stages} stages of a {self.stages}-stage plan")
         device = device or torch.device("cpu")
@@ -136,6 +151,8 @@ class PipelineRun:
         last = self.rank == self.stages - 1
         self.schedule.step(*args, target=self._placeholder if last else None, losses=losses if last else None,
                            return_outputs=False)
+        for link in self.recomputation.links:
+            link.finish()
         self.sync_tied_gradients()
         return losses
 
@@ -143,7 +160,10 @@ class PipelineRun:
         """Give every copy of a tied weight the gradient of the one weight it stands for."""
         for copy in self.tied:
             if copy.parameter.grad is None:
-                raise PlanError(f"stage {self.rank} holds {copy.name} but computed no gradient for it")
+                if self.rank not in self.recomputation.replayed:
+                    raise PlanError(f"stage {self.rank} holds {copy.name} but computed no gradient for it")
+                # a replica read only to recompute a value (outside autograd) contributes nothing itself
+                copy.parameter.grad = torch.zeros_like(copy.parameter)
             if self.tied_sum == "allreduce":
                 dist.all_reduce(copy.parameter.grad, group=copy.group)
             else:

@@ -51,6 +51,68 @@ def block_layers(block: Block, layer_lists: Sequence[str]) -> list[str]:
     return layers
 
 
+def layer_of(module: str, layer_lists: Sequence[str]) -> str | None:
+    """The layer (item of a layer list) that ``module`` is or lies inside: a sub-layer's layer."""
+    for layers in layer_lists:
+        head, dot, rest = module.partition(layers + ".")
+        index = rest.split(".")[0]
+        if not head and dot and index.isdigit():
+            return f"{layers}.{index}"
+    return None
+
+
+def value_key(module: str, dtype: str, shape: Sequence[int]) -> str:
+    """How a backend finds a crossing value in its own trace: the module computing it, its dtype and shape."""
+    return f"{module}:{dtype}{list(shape)}"
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """What a receiving stage needs to recompute a crossing value instead of receiving it.
+
+    The value's *slice* (the nodes computing it from parameters, buffers,
+    constants and model inputs) is deterministic and can be replayed there.
+    ``grad``: the value depends on trainable parameters, so its gradient
+    must still reach them (the backend sends it back to the producing stage).
+    """
+
+    flops: float  # forward FLOPs of the slice
+    bytes: int  # bytes the slice writes (views excluded): its memory traffic
+    params: tuple[str, ...] = ()  # parameters and buffers the slice reads
+    param_bytes: int = 0
+    inputs: tuple[tuple[str, int], ...] = ()  # model inputs the slice reads, with their bytes
+    grad: bool = False
+
+
+@dataclass(frozen=True)
+class Value:
+    """A tensor live across at least one cut of the block chain (produced in one block, read in a later one)."""
+
+    name: str  # node name in the costing trace
+    key: str  # value_key(): module, dtype, shape
+    bytes: int
+    produced: int  # index of the block computing it (model inputs: 0)
+    uses: tuple[int, ...]  # indices of the blocks reading it, ascending
+    recompute: Recompute | None = None  # None: must be sent (random, written in place, or not a single tensor)
+    input: bool = False  # a model input carried through the pipeline
+
+    @property
+    def last_use(self) -> int:
+        return self.uses[-1]
+
+    def crosses(self, cut: int) -> bool:
+        """Live across the cut right after block ``cut``."""
+        return self.produced <= cut < self.last_use
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Value:
+        recompute = data.get("recompute")
+        if recompute is not None:
+            recompute = Recompute(**{**recompute, "params": tuple(recompute.get("params", ())),
+                                     "inputs": tuple((str(n), int(b)) for n, b in recompute.get("inputs", ()))})
+        return cls(**{**data, "uses": tuple(data["uses"]), "recompute": recompute})
+
+
 @dataclass(frozen=True)
 class Stage:
     index: int
@@ -58,10 +120,13 @@ class Stage:
     compute: float  # predicted seconds per micro-batch, forward + backward
     communication: float  # predicted seconds to send this stage's output
     memory_bytes: int
+    recompute: tuple[str, ...] = ()  # keys of the values this stage recomputes instead of receiving
+    recompute_time: float = 0.0  # predicted seconds per micro-batch to recompute them
+    send_bytes: int | None = None  # bytes sent over the outgoing cut per micro-batch (None: plans before recompute)
 
     @property
     def cost(self) -> float:
-        return self.compute + self.communication
+        return self.compute + self.recompute_time + self.communication
 
 
 @dataclass
@@ -70,6 +135,8 @@ class Plan:
     blocks: list[Block]
     stages: list[Stage]
     settings: dict[str, Any] = field(default_factory=dict)  # bandwidth, memory limit, schedule...
+    values: list[Value] = field(default_factory=list)  # every tensor crossing a cut of the chain
+    recomputed: list[str] = field(default_factory=list)  # names of the values receiving stages recompute
 
     @property
     def bottleneck(self) -> float:
@@ -106,6 +173,7 @@ class Plan:
     def to_json(self) -> str:
         data = {"model": self.model, "settings": self.settings,
                 "blocks": [asdict(b) for b in self.blocks], "stages": [asdict(s) for s in self.stages],
+                "values": [asdict(v) for v in self.values], "recomputed": list(self.recomputed),
                 "bottleneck": self.bottleneck, "ideal": self.ideal, "ratio": self.ratio}
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
@@ -116,7 +184,10 @@ class Plan:
             blocks = [Block(**{**b, "modules": tuple(b["modules"]), "shared": tuple(b.get("shared", ())),
                                 "crossing": tuple(b.get("crossing", ()))})
                       for b in data["blocks"]]
-            stages = [Stage(**{**s, "blocks": tuple(s["blocks"])}) for s in data["stages"]]
+            stages = [Stage(**{**s, "blocks": tuple(s["blocks"]), "recompute": tuple(s.get("recompute", ()))})
+                      for s in data["stages"]]
+            values = [Value.from_dict(v) for v in data.get("values", ())]
+            recomputed = [str(name) for name in data.get("recomputed", ())]
         except (ValueError, KeyError, TypeError) as exc:
             raise PlanError(f"not a plan file: {exc}") from None
-        return cls(data["model"], blocks, stages, data.get("settings", {}))
+        return cls(data["model"], blocks, stages, data.get("settings", {}), values, recomputed)

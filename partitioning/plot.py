@@ -27,9 +27,11 @@ def plot_plan(plan: Plan, path: Path) -> None:
     figure, (times, memory) = plt.subplots(1, 2, figsize=(11, 4))
     stages = [stage.index for stage in plan.stages]
     compute = [stage.compute * 1e3 for stage in plan.stages]
+    recompute = [stage.recompute_time * 1e3 for stage in plan.stages]
     communication = [stage.communication * 1e3 for stage in plan.stages]
     times.bar(stages, compute, label="compute (fwd+bwd)")
-    times.bar(stages, communication, bottom=compute, label="send")
+    times.bar(stages, recompute, bottom=compute, label="recompute")
+    times.bar(stages, communication, bottom=[c + r for c, r in zip(compute, recompute)], label="send")
     times.axhline(plan.ideal * 1e3, color="black", linestyle="--", label="ideal")
     times.set(xlabel="stage", ylabel="ms per micro-batch", xticks=stages,
               title=f"bottleneck / ideal = {plan.ratio:.3f}")

@@ -37,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _device() -> tuple[str, torch.device]:
+def device_for_rank() -> tuple[str, torch.device]:
     local_rank, world = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     if torch.cuda.is_available() and torch.cuda.device_count() >= world:
         torch.cuda.set_device(local_rank)
@@ -45,7 +45,7 @@ def _device() -> tuple[str, torch.device]:
     return "gloo", torch.device("cpu")
 
 
-def _rebuild(described: dict) -> tuple[torch.nn.Module, Any, list[InputSpec], MicroBatch]:
+def rebuild(described: dict) -> tuple[torch.nn.Module, Any, list[InputSpec], MicroBatch]:
     """The plan's model (same seed, same weights on every rank), its config, inputs and micro-batch.
 
     The plan records the generated package and the config class it was costed with; they must be
@@ -74,7 +74,7 @@ def _rebuild(described: dict) -> tuple[torch.nn.Module, Any, list[InputSpec], Mi
 
 def train(plan: Plan, steps: int, lr: float, seed: int, tied_sum: str, device: torch.device) -> list[str]:
     torch.manual_seed(seed)
-    model, config, specs, micro_batch = _rebuild(plan.model)
+    model, config, specs, micro_batch = rebuild(plan.model)
     micro_batches, schedule = int(plan.settings["micro_batches"]), str(plan.settings["schedule"])
     example = make_inputs(specs, config, micro_batch, "cpu")
     run = PipelineRun(model, plan, example, micro_batches=micro_batches, schedule=schedule, device=device,
@@ -97,7 +97,7 @@ def train(plan: Plan, steps: int, lr: float, seed: int, tied_sum: str, device: t
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    backend, device = _device()
+    backend, device = device_for_rank()
     dist.init_process_group(backend)
     try:
         plan = Plan.from_json(args.plan.read_text())

@@ -2,13 +2,18 @@
 
 For every family with a family definition, each of its named shapes (its
 recipe's ``[shapes]``, costed on the meta device: no weights are allocated)
-and each stage count K, report bottleneck / ideal of our optimal plan, of the
+and each stage count K, report bottleneck / ideal of our optimal plan (block
+granularity chosen automatically, values recomputed where cheaper than sent),
+of our plan before both (one block per layer, everything sent), of the
 uniform layer split (optimum-graphcore ``layers_per_ipu`` wildcards over the
 family's layer lists) and of the parameter-balanced split (DeepSpeed
 ``partition_method="parameters"``), the granularity bound (the best
-compute-only bottleneck any split of these blocks can reach, over the ideal),
-and the time the partitioner took.  The model is the family's default class
-at its default sequence lengths, 8 sequences per micro-batch.
+compute-only bottleneck any split of the sub-layer blocks can reach, over the
+ideal), and the time the partitioner took.  The model is the family's default
+class at its default sequence lengths, 8 sequences per micro-batch.  Two more
+tables: the crossing bytes per cut before and after at ``partition-model``'s
+defaults (25 GB/s), and the FLOP balance of the plans on the shape FTPipe's
+acyclic partitioner was measured on (t5-small, batch 4, 64 -> 32).
 
     python scripts/bench_partition.py [--docs docs] [--version 4.5.1] [--family F ...] [--shape S ...]
 
@@ -27,16 +32,22 @@ from dataclasses import replace
 from pathlib import Path
 
 from converter.atomic import write_atomic
+from partitioning import granularity as grain
 from partitioning.baselines import parameter_balanced_split, uniform_split
+from partitioning.costing import Chain
 from partitioning.family import ModelFamily, definitions
 from partitioning.partition import Settings, build_plan, partition
+from partitioning.plan import Plan
 from partitioning.plot import plot_ratios
 
 STAGES = (2, 4, 8)
 BATCH = 8
 # One A100-class device: ~100 TFLOP/s sustained in bf16, NVLink-class ~300 GB/s to its neighbour.
 SETTINGS = Settings(device_flops=100e12, bandwidth=300e9, micro_batches=8, schedule="1f1b")
+CLI = replace(SETTINGS, bandwidth=25e9)  # partition-model's defaults
 SECTION = "## Pipeline partitioning (`scripts/bench_partition.py`)"
+# FTPipe's acyclic partitioner on generated t5-small, batch 4, 64 -> 32, FLOP node weights (docs/FACTS)
+FTPIPE = {2: 1.001, 4: 1.009}
 
 
 def _best_of(repeats: int, run):  # type: ignore[no-untyped-def]
@@ -46,6 +57,17 @@ def _best_of(repeats: int, run):  # type: ignore[no-untyped-def]
         result = run()
         best = min(best, time.perf_counter() - start)
     return best, result
+
+
+def ours(chain: Chain, layer_lists: tuple[str, ...], stages: int, settings: Settings) -> Plan:
+    """partition-model's plan: granularity chosen automatically, recomputation on."""
+    return grain.choose(chain, layer_lists, lambda c, g: partition(c.blocks, stages, settings,
+                                                                    {"granularity": g}, c.values))[0]
+
+
+def before(layers: Chain, stages: int, settings: Settings) -> Plan:
+    """The plan before sub-layer blocks and recomputation: one block per layer, every value sent."""
+    return partition(layers.blocks, stages, replace(settings, recompute=False), {}, layers.values)
 
 
 def measure(families: list[ModelFamily], shapes: set[str] | None) -> tuple[list[dict[str, object]], list[str]]:
@@ -60,16 +82,20 @@ def measure(families: list[ModelFamily], shapes: set[str] | None) -> tuple[list[
             if shapes is not None and shape not in shapes:
                 continue
             config = family.config(shape)
-            cost_seconds, chain = _best_of(1, lambda: family.chain(class_name, config, micro_batch))
+            cost_seconds, chain = _best_of(1, lambda: family.chain(class_name, config, micro_batch, sublayers=True))
+            layers = grain.layer_chain(chain, layer_lists)
             for stages in STAGES:
-                seconds, plan = _best_of(5, lambda: partition(chain.blocks, stages, SETTINGS))
-                uniform = build_plan(chain.blocks, uniform_split(chain.blocks, stages, layer_lists), SETTINGS, {})
-                balanced = build_plan(chain.blocks, parameter_balanced_split(chain.blocks, stages, chain.shared_bytes),
-                                      SETTINGS, {})
+                seconds, plan = _best_of(5, lambda: ours(chain, layer_lists, stages, SETTINGS))
+                uniform = build_plan(layers.blocks, uniform_split(layers.blocks, stages, layer_lists), SETTINGS, {},
+                                     values=layers.values)
+                balanced = build_plan(layers.blocks, parameter_balanced_split(layers.blocks, stages,
+                                                                              layers.shared_bytes),
+                                      SETTINGS, {}, values=layers.values)
                 compute_only = partition(chain.blocks, stages, replace(SETTINGS, bandwidth=math.inf))
                 if plan.bottleneck > min(uniform.bottleneck, balanced.bottleneck):
                     raise SystemExit(f"{shape} K={stages}: the optimal plan lost to a baseline")
-                rows.append({"shape": shape, "stages": stages, "blocks": len(chain.blocks), "ours": plan.ratio,
+                rows.append({"shape": shape, "stages": stages, "blocks": len(plan.blocks), "ours": plan.ratio,
+                             "before": before(layers, stages, SETTINGS).ratio, "granularity": plan.model["granularity"],
                              "uniform": uniform.ratio, "parameters": balanced.ratio,
                              "bound": compute_only.bottleneck / plan.ideal,
                              "partition_ms": seconds * 1e3, "costing_s": cost_seconds})
@@ -77,17 +103,78 @@ def measure(families: list[ModelFamily], shapes: set[str] | None) -> tuple[list[
 
 
 def table(rows: list[dict[str, object]]) -> str:
-    lines = ["| shape | K | blocks | ours | uniform (optimum-graphcore) | parameters (DeepSpeed) "
+    lines = ["| shape | K | blocks | ours | ours before | uniform (optimum-graphcore) | parameters (DeepSpeed) "
              "| granularity bound | ours / bound | partition ms | costing s (meta) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['shape']} | {r['stages']} | {r['blocks']} | **{r['ours']:.3f}** | {r['uniform']:.3f} "
-                     f"| {r['parameters']:.3f} | {r['bound']:.3f} | {r['ours'] / r['bound']:.3f} "
+        lines.append(f"| {r['shape']} | {r['stages']} | {r['blocks']} | **{r['ours']:.3f}** | {r['before']:.3f} "
+                     f"| {r['uniform']:.3f} | {r['parameters']:.3f} | {r['bound']:.3f} | {r['ours'] / r['bound']:.3f} "
                      f"| {r['partition_ms']:.1f} | {r['costing_s']:.2f} |")
     return "\n".join(lines)
 
 
-def section(rows: list[dict[str, object]], setups: list[str], png: str, load: float) -> str:
+def _mb(size: float) -> str:
+    return f"{size / 1e6:.2f}"
+
+
+def crossing_table(family: ModelFamily, shapes: list[str], stages: int = 4) -> str:
+    """Before / after at partition-model's defaults: bottleneck / ideal and the bytes over each cut."""
+    class_name = family.definition.default_class
+    layer_lists = family.layer_lists(class_name)
+    micro_batch = family.micro_batch(BATCH)
+    lines = [f"{family.name} {class_name}, micro-batch {micro_batch.describe()}, K = {stages}, "
+             f"{CLI.device_flops / 1e12:.0f} TFLOP/s, {CLI.bandwidth / 1e9:.0f} GB/s (`partition-model` defaults):",
+             "", "| shape | before: bottleneck / ideal | before: MB over each cut | after | after: MB over each cut "
+             "| after: stages start at | recomputed (MB per micro-batch each) |", "|---|---|---|---|---|---|---|"]
+    for shape in shapes:
+        chain = family.chain(class_name, family.config(shape), micro_batch, sublayers=True)
+        old = before(grain.layer_chain(chain, layer_lists), stages, CLI)
+        new = ours(chain, layer_lists, stages, CLI)
+        by_name = {v.name: v for v in new.values}
+        shown = [by_name[n] for n in new.recomputed if any(by_name[n].key in s.recompute for s in new.stages)]
+        lines.append(f"| {shape} | {old.ratio:.3f} | {' / '.join(_mb(s.send_bytes or 0) for s in old.stages[:-1])} "
+                     f"| **{new.ratio:.3f}** | {' / '.join(_mb(s.send_bytes or 0) for s in new.stages[:-1])} "
+                     f"| {', '.join(s.blocks[0] for s in new.stages[1:])} "
+                     f"| {'; '.join(f'{v.key} ({_mb(v.bytes)})' for v in shown)} |")
+    return "\n".join(lines)
+
+
+def flop_table(family: ModelFamily, shape: str, batch: int, lengths: dict[str, int]) -> str:
+    """FLOP max/mean over stages of each plan, and the bytes its cuts carry (FTPipe's measure)."""
+    class_name = family.definition.default_class
+    layer_lists = family.layer_lists(class_name)
+    micro_batch = family.micro_batch(batch, lengths)
+    chain = family.chain(class_name, family.config(shape), micro_batch, sublayers=True)
+    layers = grain.layer_chain(chain, layer_lists)
+    lines = [f"{family.name} {shape}, micro-batch {micro_batch.describe()}: forward FLOPs of the busiest stage over "
+             f"the mean (FTPipe's acyclic partitioner, op-level, FLOP weights only: "
+             f"{' / '.join(f'{v:.3f}' for v in FTPIPE.values())} at K = {' / '.join(map(str, FTPIPE))}), and the "
+             f"bytes over all cuts per micro-batch:", "",
+             "| K | plan | FLOP max / mean | bottleneck / ideal at 25 GB/s | MB over the cuts | stages start at |",
+             "|---|---|---|---|---|---|"]
+
+    def flops(plan: Plan) -> float:
+        by_name = {b.name: b.flops for b in plan.blocks}
+        per_stage = [sum(by_name[n] for n in s.blocks) for s in plan.stages]
+        return max(per_stage) / (sum(per_stage) / len(per_stage))
+
+    for stages in FTPIPE:
+        candidates = [("before (layers, all sent), 25 GB/s", before(layers, stages, CLI)),
+                      ("ours, 25 GB/s", ours(chain, layer_lists, stages, CLI)),
+                      ("ours, 300 GB/s", ours(chain, layer_lists, stages, SETTINGS)),
+                      ("sub-layer FLOP optimum (links free)", ours(chain, layer_lists, stages,
+                                                                  replace(CLI, bandwidth=math.inf)))]
+        for name, plan in candidates:
+            index = {block.name: i for i, block in enumerate(plan.blocks)}
+            segments = [(index[s.blocks[0]], index[s.blocks[-1]]) for s in plan.stages]
+            costed = build_plan(plan.blocks, segments, CLI, {}, values=plan.values)  # the same split at 25 GB/s
+            lines.append(f"| {stages} | {name} | {flops(plan):.3f} | {costed.ratio:.3f} "
+                         f"| {_mb(sum(s.send_bytes or 0 for s in costed.stages))} "
+                         f"| {', '.join(s.blocks[0] for s in plan.stages[1:])} |")
+    return "\n".join(lines)
+
+
+def section(rows: list[dict[str, object]], setups: list[str], png: str, extra: str, load: float) -> str:
     models = "; ".join(setups)
     return f"""{SECTION}
 
@@ -95,29 +182,36 @@ Bottleneck / ideal (lower is better; 1.0 is a perfect balance of compute) for
 {models};
 {SETTINGS.micro_batches} micro-batches under 1F1B, {SETTINGS.device_flops / 1e12:.0f} TFLOP/s per device,
 {SETTINGS.bandwidth / 1e9:.0f} GB/s between stages, no memory limit.  A stage costs forward + backward
-(3x the forward FLOPs counted by `FlopCounterMode`) plus sending every tensor live across its
-outgoing cut.  *Ideal* is total compute / K; the *granularity bound* is the best compute-only
-bottleneck any contiguous split of these blocks reaches (over the ideal): a plan cannot beat
-it, and ours exceeds it only by communication.  Costing runs once per shape on the `meta`
-device; *partition ms* is the optimal DP alone (best of 5).  The run started at load average
-{load:.1f} on this machine's {os.cpu_count()} cores: the two time columns are wall times under that
-load, while every ratio is computed from FLOP and byte counts and does not depend on it.
+(3x the forward FLOPs counted by `FlopCounterMode`), plus recomputing the values it recomputes
+instead of receiving them, plus sending the tensors live across its outgoing cut that are not
+recomputed.  *Ours* chooses the block granularity (one block per layer, or per sub-layer) and
+recomputes what is cheaper to recompute; *ours before* is one block per layer with everything
+sent, as before issue 12; the baselines split whole layers (and recompute like ours: the
+comparison is of the split).  *Ideal* is total compute / K; the *granularity bound* is the best
+compute-only bottleneck any contiguous split of the sub-layer blocks reaches (over the ideal).
+Costing runs once per shape on the `meta` device; *partition ms* is our whole planning (both
+granularities) without costing (best of 5).  The run started at load average {load:.1f} on this
+machine's {os.cpu_count()} cores: the two time columns are wall times under that load, while every
+ratio is computed from FLOP and byte counts and does not depend on it.
 
 {table(rows)}
 
 {summary(rows)}
 
 ![bottleneck / ideal per method]({png})
-"""
+{extra}"""
 
 
 def summary(rows: list[dict[str, object]]) -> str:
     near_ideal = sum(float(r["ours"]) <= 1.05 for r in rows)  # type: ignore[arg-type]
     allowed = sum(float(r["bound"]) <= 1.05 for r in rows)  # type: ignore[arg-type]
     worst = max(float(r["ours"]) / float(r["bound"]) for r in rows)  # type: ignore[arg-type]
+    improved = sum(float(r["ours"]) < float(r["before"]) for r in rows)  # type: ignore[arg-type]
+    if any(float(r["ours"]) > float(r["before"]) for r in rows):  # type: ignore[arg-type]
+        raise SystemExit("a plan got worse than before sub-layer blocks and recomputation")
     return (f"Ours is within 1.05 of ideal in {near_ideal} of the {allowed} cases whose granularity bound allows "
-            f"it ({len(rows)} cases in all), at most {worst:.3f} x the granularity bound, and never worse than "
-            f"either baseline (the script checks).")
+            f"it ({len(rows)} cases in all), at most {worst:.3f} x the granularity bound, never worse than "
+            f"either baseline or than before (better in {improved} cases; the script checks).")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,10 +224,18 @@ def main(argv: list[str] | None = None) -> int:
     families = [ModelFamily.load(name, args.version) for name in args.family or sorted(definitions())]
     load = os.getloadavg()[0]
     rows, setups = measure(families, set(args.shape) if args.shape else None)
-    text = section(rows, setups, "bench_partition.png", load)
+    extra = ""
+    if "t5" in [family.name for family in families]:
+        t5 = next(family for family in families if family.name == "t5")
+        extra = (f"\n### Recompute instead of send: bytes over each cut\n\n"
+                 f"{crossing_table(t5, ['t5-small', 't5-base', 't5-large'])}\n\n"
+                 f"### FLOP balance (FTPipe's measure)\n\n"
+                 f"{flop_table(t5, 't5-small', 4, {'source': 64, 'target': 32})}\n")
+    text = section(rows, setups, "bench_partition.png", extra, load)
     print(table(rows))
-    plot_ratios([(f"{r['shape']} K={r['stages']}", {"ours": r["ours"], "uniform": r["uniform"],
-                                                     "parameters": r["parameters"]}) for r in rows],
+    plot_ratios([(f"{r['shape']} K={r['stages']}", {"ours": r["ours"], "ours before": r["before"],
+                                                     "uniform": r["uniform"], "parameters": r["parameters"]})
+                 for r in rows],
                 args.docs / "bench_partition.png", "Pipeline split: bottleneck / ideal")
     write_atomic(args.docs / "bench_partition.md", (text.replace(SECTION, "# Pipeline partitioning", 1)).encode())
     benchmarks = args.docs / "benchmarks.md"

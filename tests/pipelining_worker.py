@@ -37,7 +37,8 @@ def without_dropout(cfg: object) -> object:
 
 
 def run_case(family: Family, case: str, out: Path) -> None:
-    config_name, schedule, micro_batches, split, tied_sum = (case.split(":") + ["ordered"])[:5]
+    config_name, schedule, micro_batches, split, *options = case.split(":")
+    tied_sum = "allreduce" if "allreduce" in options else "ordered"
     micro_batches = int(micro_batches)
     # ordered: bit-equal to the reference; allreduce: equal up to the order of the float sum
     same = torch.equal if tied_sum == "ordered" else lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -50,14 +51,15 @@ def run_case(family: Family, case: str, out: Path) -> None:
 
     micro_batch = MicroBatch(PER_MICRO_BATCH, family.train_lengths)
     chain = models.chain(class_name, cfg, micro_batch)
-    settings = Settings(micro_batches=micro_batches, schedule=schedule)
+    # send: every crossing value is sent, as before recomputation existed
+    settings = Settings(micro_batches=micro_batches, schedule=schedule, recompute="send" not in options)
     if split == "optimal":
-        plan = partition(chain.blocks, dist.get_world_size(), settings)
+        plan = partition(chain.blocks, dist.get_world_size(), settings, {}, chain.values)
     else:  # the names of the first blocks of stages 1, 2, ...
         names = [block.name for block in chain.blocks]
         starts = [0] + [names.index(name) for name in split.split(",")]
         segments = [(start, end - 1) for start, end in zip(starts, starts[1:] + [len(names)])]
-        plan = build_plan(chain.blocks, segments, settings, {})
+        plan = build_plan(chain.blocks, segments, settings, {}, values=chain.values)
 
     assert family.train_batch is not None
     data = [family.train_batch(cfg, PER_MICRO_BATCH * micro_batches, 10 + step) for step in range(STEPS)]
@@ -98,7 +100,9 @@ def run_case(family: Family, case: str, out: Path) -> None:
         if not all(torch.equal(replica, replicas[0]) for replica in replicas):
             problems.append(f"after {STEPS} steps: replicas of {name} differ")
     record = {"case": case, "rank": rank, "problems": problems, "parameters": sorted(local),
-              "tied": {name: list(c.stages) for name, c in tied.items()}}
+              "tied": {name: list(c.stages) for name, c in tied.items()},
+              "replayed": run.recomputation.replayed.get(rank, []), "planned": list(plan.stages[rank].recompute),
+              "received": [list(n.meta["val"].shape) for n in run.module.graph.nodes if n.op == "placeholder"]}
     (out / f"{family.name}_{case.replace(':', '_').replace(',', '+')}.rank{rank}.json").write_text(json.dumps(record))
 
 
@@ -107,8 +111,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--family", default="t5", choices=sorted(FAMILIES))
     parser.add_argument("cases", nargs="+",
-                        help="config:schedule:micro-batches:split[:allreduce], split = 'optimal' or the "
-                             "comma-separated first blocks of stages 1, 2, ...")
+                        help="config:schedule:micro-batches:split[:allreduce][:send], split = 'optimal' or the "
+                             "comma-separated first blocks of stages 1, 2, ...; send: plan without recomputation")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     try:

@@ -26,7 +26,7 @@ from partitioning.blocks import MicroBatch, accepted, chain_specs, make_inputs
 from partitioning.family import ModelFamily
 from partitioning.ipu.roles import Roles, derive_roles, roles_for
 from partitioning.plan import PlanError
-from partitioning.train import _rebuild
+from partitioning.train import rebuild
 
 REPO = Path(__file__).parent.parent
 T5_TEXT = (resources.files("converter") / "recipe_data" / "t5.toml").read_text(encoding="utf-8")
@@ -336,7 +336,7 @@ def test_the_plan_records_what_train_needs_to_rebuild_model_and_inputs() -> None
     mb = T5.micro_batch(2, {"source": 7, "target": 5})
     described = json.loads(json.dumps(T5.describe("T5ForConditionalGeneration", cfg, mb, "tiny", 1)))
     torch.manual_seed(0)
-    model, rebuilt_config, specs, micro_batch = _rebuild(described)
+    model, rebuilt_config, specs, micro_batch = rebuild(described)
     torch.manual_seed(0)
     reference = T5.build("T5ForConditionalGeneration", cfg, "cpu")
     assert type(model) is type(reference) and micro_batch == mb and rebuilt_config.to_dict() == cfg.to_dict()
@@ -346,11 +346,11 @@ def test_the_plan_records_what_train_needs_to_rebuild_model_and_inputs() -> None
     assert inputs.keys() == expected.keys() and all(torch.equal(inputs[k], expected[k]) for k in inputs)
     assert described["layer_lists"] == ["encoder.block", "decoder.block"] and described["output"] == "loss"
     with pytest.raises(PlanError, match="does not say how to rebuild its model .no 'inputs'"):
-        _rebuild({k: v for k, v in described.items() if k != "inputs"})
+        rebuild({k: v for k, v in described.items() if k != "inputs"})
     with pytest.raises(PlanError, match="the plan's module is 'os' but the t5 recipe gives 'generated_models.t5.v4_5"):
-        _rebuild({**described, "module": "os"})
+        rebuild({**described, "module": "os"})
     with pytest.raises(PlanError, match="need a plan of a class whose forward returns its loss; T5Model returns its"):
-        _rebuild({**described, "class": "T5Model"})
+        rebuild({**described, "class": "T5Model"})
 
 
 # --- IPU roles, derived ------------------------------------------------------------------------------------------

@@ -31,11 +31,13 @@ BASE = ["t5", "--version", "4.5.1", "--batch", "2", "--source-len", "7", "--targ
 def test_prints_the_table_and_writes_a_plan_that_round_trips(tiny: Path, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "plan.json"
-    code, stdout, stderr = run(BASE + ["--stages", "3", "--config", str(tiny), "--output", str(out)], capsys)
+    code, stdout, stderr = run(BASE + ["--stages", "3", "--config", str(tiny), "--output", str(out),
+                                       "--granularity", "1"], capsys)
     assert (code, stderr) == (0, "")
     plan = Plan.from_json(out.read_text())
     plan.validate()
     assert len(plan.stages) == 3 and len(plan.blocks) == 2 + 3 + 5  # 2 encoder and 3 decoder layers
+    assert plan.model["granularity"] == 1
     assert plan.model["class"] == "T5ForConditionalGeneration" and plan.model["config"]["d_model"] == 16
     assert plan.settings["micro_batches"] == 8 and plan.settings["schedule"] == "1f1b"
     assert f"bottleneck / ideal {plan.ratio:.3f}" in stdout
@@ -71,7 +73,9 @@ def test_encoder_only_class_and_granularity(tiny: Path, tmp_path: Path, capsys: 
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--stages", "11"], "cannot split 10 blocks into 11 stages"),
+    (["--stages", "11", "--granularity", "1"], "cannot split 10 blocks into 11 stages"),
+    (["--stages", "19"], "cannot split 18 blocks into 19 stages"),  # auto: neither granularity has enough
+    (["--stages", "2", "--granularity", "fine"], "granularity must be 'auto', 'sublayer' or a number"),
     (["--stages", "0"], "the number of stages must be at least 1, got 0"),
     (["--stages", "2", "--class", "T5ForEverything"], "unknown class 'T5ForEverything'"),
     (["--stages", "2", "--memory-gb", "0.000001"], "no split into 2 stages fits 1000 B per device"),
@@ -99,3 +103,21 @@ def test_bad_inputs_exit_2_with_one_line(argv: list[str], message: str, tiny: Pa
     argv = [a.format(tiny=tiny, missing=tmp_path / "missing.json") for a in argv]
     code, _, stderr = run(argv + ["--output", str(tmp_path / "plan.json")], capsys)
     assert code == 2 and message in stderr and stderr.count("\n") == 1
+
+
+def test_auto_granularity_and_recomputation_are_recorded_and_can_be_turned_off(
+        tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan.json"
+    argv = BASE + ["--stages", "2", "--config", str(tiny), "--output", str(out), "--micro-batches", "2"]
+    code, stdout, _ = run(argv + ["--granularity", "sublayer"], capsys)
+    plan = Plan.from_json(out.read_text())
+    assert code == 0 and plan.model["granularity"] == "sublayer"
+    assert "encoder.block.0.layer.0" in [b.name for b in plan.blocks]
+    assert plan.values and plan.recomputed  # the tiny model's masks and biases cost less to recompute
+    assert all(stage.send_bytes is not None for stage in plan.stages)
+    for key in {key for stage in plan.stages for key in stage.recompute}:
+        assert f"recomputed, not sent: {key}" in stdout
+    code, stdout, _ = run(argv + ["--no-recompute"], capsys)
+    plan = Plan.from_json(out.read_text())
+    assert code == 0 and plan.recomputed == [] and all(stage.recompute == () for stage in plan.stages)
+    assert plan.model["granularity"] in (1, "sublayer") and "recomputed, not sent" not in stdout

@@ -5,6 +5,10 @@ generated model (T5, GPT-2, BERT, RoBERTa) with tied or untied embeddings, a pla
 steps.  Per micro-batch losses, every
 gradient (the tied weight's after the backend's sync) and the weights after the steps must be
 torch.equal to the reference, and every replica of the tied weight identical.
+
+Plans recompute what is cheaper to recompute than to send (T5's position biases, extended masks and
+cross-attention bias): the stages must replay exactly the values their plan names, never receive
+them, and the relative-attention tables they read are replicas whose gradient is the one weight's.
 """
 
 from __future__ import annotations
@@ -46,33 +50,67 @@ def launch(ranks: int, cases: list[str], out: Path, family: str = "t5") -> dict[
     return records
 
 
-def assert_equal_to_reference(records: dict[str, list[dict]], expected: dict[str, dict | None]) -> None:
+ENC_BIAS, DEC_BIAS = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", \
+    "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+ENC_POSITION, DEC_POSITION, CROSS = ("encoder.block.0.layer.0.SelfAttention", "decoder.block.0.layer.0.SelfAttention",
+                                     "decoder.block.0.layer.1.EncDecAttention")
+
+
+def assert_equal_to_reference(records: dict[str, list[dict]], expected: dict[str, tuple[dict | None, dict]]) -> None:
     for case, ranks in records.items():
+        tied, replayed = expected[case]
         for record in ranks:
-            assert record["problems"] == [], f"{case} rank {record['rank']}: {record['problems'][:5]}"
-        if expected[case] is not None:
-            assert ranks[0]["tied"] == expected[case], case
+            rank = record["rank"]
+            assert record["problems"] == [], f"{case} rank {rank}: {record['problems'][:5]}"
+            assert record["replayed"] == sorted(record["planned"]), case  # the backend does what the plan says
+            assert sorted(key.split(":")[0] for key in record["replayed"]) == sorted(replayed.get(rank, [])), case
+            # a replayed value is never received: no stage input has a position bias's shape
+            biases = {tuple(int(n) for n in key.split("[")[1].rstrip("]").split(", ")) for key in record["replayed"]}
+            assert not biases & {tuple(shape) for shape in record["received"]}, case
+        held = {name: stages for record in ranks for name, stages in record["tied"].items()}
+        if tied is not None:
+            assert held == tied, case
         names = [name for record in ranks for name in record["parameters"]]
-        assert len(names) - len(set(names)) == sum(len(s) - 1 for s in ranks[0]["tied"].values())  # only tied repeat
+        assert len(names) - len(set(names)) == sum(len(s) - 1 for s in held.values())  # only tied weights repeat
 
 
-# config:schedule:micro-batches:split (first blocks of stages 1..K-1 or "optimal") -> stages holding a tied
-# weight (None: not checked)
-TWO_RANKS: dict[str, dict | None] = {
-    "1layer-relu-tied:gpipe:2:decoder.embed": {"shared_embed_weight": [0, 1]},  # lm_head with the decoder
-    "2layer-gelu-tied:1f1b:4:lm_head": {"shared_embed_weight": [0, 1]},  # both embeddings on stage 0
-    "2layer-gelu-untied:gpipe:2:encoder.block.1": {"shared_embed_weight": [0, 1]},  # position bias crosses
-    "3layer-relu-untied-2dec:1f1b:2:decoder.block.1": {},  # both embeddings on stage 0, untied head
+# config:schedule:micro-batches:split[:options] (split: first blocks of stages 1..K-1, or "optimal") ->
+# (stages holding each replicated weight (None: not checked), {stage: modules of the values it recomputes})
+TWO_RANKS: dict[str, tuple[dict | None, dict]] = {
+    # lm_head with the decoder: nothing crosses that could be recomputed
+    "1layer-relu-tied:gpipe:2:decoder.embed": ({"shared_embed_weight": [0, 1]}, {}),
+    "2layer-gelu-tied:1f1b:4:lm_head": ({"shared_embed_weight": [0, 1]}, {}),  # both embeddings on stage 0
+    # the encoder's position bias crosses: stage 1 recomputes it from a replica of its table, untied, GPipe
+    "2layer-gelu-untied:gpipe:2:encoder.block.1": ({ENC_BIAS: [0, 1], "shared_embed_weight": [0, 1]},
+                                                   {1: [ENC_POSITION]}),
+    # the same with every value sent, as before recomputation
+    "2layer-gelu-untied:gpipe:2:encoder.block.1:send": ({"shared_embed_weight": [0, 1]}, {}),
+    # tied, 1F1B, the encoder's bias recomputed
+    "2layer-gelu-tied:1f1b:4:encoder.block.1": ({ENC_BIAS: [0, 1], "shared_embed_weight": [0, 1]},
+                                                {1: [ENC_POSITION]}),
+    # the decoder's self-attention bias (gradient) and cross-attention bias (mask only), untied head
+    "3layer-relu-untied-2dec:1f1b:2:decoder.block.1": ({DEC_BIAS: [0, 1]}, {1: [CROSS, DEC_POSITION]}),
 }
-THREE_RANKS: dict[str, dict | None] = {
-    "2layer-gelu-tied:gpipe:4:encoder.block.1,lm_head": {"shared_embed_weight": [0, 1, 2]},
-    # the encoder output goes to stages 1 and 2: relayed through stage 1
-    "2layer-gelu-tied:1f1b:4:decoder.embed,decoder.block.2": {"shared_embed_weight": [0, 1, 2]},
-    "3layer-relu-untied-2dec:1f1b:3:encoder.block.2,decoder.block.0": {"shared_embed_weight": [0, 1]},
-    "3layer-relu-untied-2dec:gpipe:3:decoder.embed,decoder.final": {"shared_embed_weight": [0, 1]},
-    "2layer-gelu-tied:1f1b:3:optimal": None,  # the partitioner's own plan
+THREE_RANKS: dict[str, tuple[dict | None, dict]] = {
+    "2layer-gelu-tied:gpipe:4:encoder.block.1,lm_head": ({ENC_BIAS: [0, 1], "shared_embed_weight": [0, 1, 2]},
+                                                         {1: [ENC_POSITION]}),
+    # the encoder output goes to stages 1 and 2: relayed through stage 1; stage 2 recomputes the decoder's biases
+    "2layer-gelu-tied:1f1b:4:decoder.embed,decoder.block.2": ({DEC_BIAS: [1, 2], "shared_embed_weight": [0, 1, 2]},
+                                                              {2: [CROSS, DEC_POSITION]}),
+    # stage 2 also rebuilds the decoder's causal mask from the decoder mask it receives anyway
+    "3layer-relu-untied-2dec:1f1b:3:encoder.block.2,decoder.block.0": (
+        {ENC_BIAS: [0, 1], "shared_embed_weight": [0, 1]}, {1: [ENC_POSITION], 2: ["decoder"]}),
+    "3layer-relu-untied-2dec:gpipe:3:decoder.embed,decoder.final": ({"shared_embed_weight": [0, 1]}, {}),
+    # two stages recompute the encoder's bias: stage 2's gradient returns to stage 1, whose sum returns to stage 0
+    "3layer-relu-untied-2dec:1f1b:3:encoder.block.1,encoder.block.2": (
+        {ENC_BIAS: [0, 1, 2], "shared_embed_weight": [0, 2]}, {1: [ENC_POSITION], 2: [ENC_POSITION]}),
+    # and the same in the decoder, tied, GPipe
+    "2layer-gelu-tied:gpipe:4:decoder.block.1,decoder.block.2": (
+        {DEC_BIAS: [0, 1, 2], "shared_embed_weight": [0, 2]}, {1: [CROSS, DEC_POSITION], 2: [CROSS, DEC_POSITION]}),
+    "2layer-gelu-tied:1f1b:3:optimal": (None, {}),  # the partitioner's own plan (nothing crosses to recompute)
     # DeepSpeed-style all-reduce of the copies: equal up to float rounding, replicas identical
-    "2layer-gelu-tied:gpipe:3:encoder.final,decoder.block.1:allreduce": {"shared_embed_weight": [0, 1, 2]},
+    "2layer-gelu-tied:gpipe:3:encoder.final,decoder.block.1:allreduce": (
+        {DEC_BIAS: [1, 2], "shared_embed_weight": [0, 1, 2]}, {2: [CROSS, DEC_POSITION]}),
 }
 
 
@@ -119,7 +157,7 @@ def tiny_plan(split: list[str]):  # type: ignore[no-untyped-def]
     names = [block.name for block in chain.blocks]
     starts = [0] + [names.index(name) for name in split]
     return cfg, build_plan(chain.blocks, [(a, b - 1) for a, b in zip(starts, starts[1:] + [len(names)])],
-                           Settings(), {})
+                           Settings(), {}, values=chain.values)
 
 
 def test_split_spec_cuts_before_each_later_stage_first_module() -> None:

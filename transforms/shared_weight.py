@@ -155,8 +155,16 @@ class SharedWeight(Transform):
     # -- the pass ---------------------------------------------------------------------------------------
     def focus(self) -> Iterable[cst.CSTNode]:
         targets = [s for s in self.module.body if isinstance(s, cst.ClassDef) and s.name.value in self.forwards]
-        missing = sorted(set(self.forwards) - {s.name.value for s in targets})
-        if missing:  # an excerpt may hold some of them; a call left unmatched is caught where it is made
+        present = {s.name.value for s in targets}
+        missing = sorted(set(self.forwards) - present)
+        # An excerpt may hold only some classes; but a present class that would pass the weight
+        # into a missing one would call a forward that does not take it.
+        for owner in sorted(present):
+            for call, target in self.forwards[owner].calls.items():
+                if target in missing:
+                    raise TransformError(f"{owner}.forward calls {call}, which runs {target}: "
+                                         f"no class {target} in the module")
+        if missing:
             self.warn(f"shared_weight: no class {', '.join(missing)} in the module")
         return targets
 
