@@ -7,17 +7,13 @@ import difflib
 import logging
 import os
 import shlex
-import signal
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import NoReturn
 
 from converter import __version__
 from converter.atomic import is_temporary, recover, write_all_atomic
-from converter.errors import ConvertError, Interrupted
+from converter.errors import ConvertError, Interrupted, terminate_as_interrupt
 from converter.fetch import (ORIGINS, Fetcher, SourceFile, default_cache_dir, read_capped, read_source_file,
                              validate_version)
 from converter.pipeline import Conversion, render
@@ -283,26 +279,8 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-@contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise Interrupted, so temporary files and pip's download directory are cleaned up."""
-    def raise_interrupted(signum: int, frame: object) -> None:
-        raise Interrupted(signal.Signals(signum).name)
-
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGTERM, signal.SIGHUP):
-            if signal.getsignal(signum) == signal.SIG_DFL:  # nohup's SIG_IGN stays
-                previous[signum] = signal.signal(signum, raise_interrupted)
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
 def main(argv: list[str] | None = None) -> int:
-    with _terminate_as_interrupt():
+    with terminate_as_interrupt():
         try:
             return _main(argv)
         except (KeyboardInterrupt, Interrupted):

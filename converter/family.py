@@ -18,6 +18,12 @@ the benchmarks read (docs/families.md has the full schema and examples):
   ``layers_per_ipu``.
 * ``[shapes]``: named model sizes (config keyword arguments, with values common
   to all of them) and the default one.
+* ``[ipu]`` (optional): how the family is trained on Graphcore IPUs, as
+  optimum-graphcore's published IPU configuration for it sets up training
+  (IPU count, micro-batch, precision, recomputation, optimizer-state
+  location, embedding serialization, matmul memory proportion): the defaults
+  of ``partition-model --target ipu``; and ``[ipu.published.<shape>]``, the
+  published ``layers_per_ipu`` layouts partition-model prints beside its own.
 
 Shared weights are not restated here: :func:`parse_definition` reads them off
 the recipe's own ``shared_weight`` step.  Every key is checked at load: a
@@ -34,7 +40,7 @@ from typing import Any
 
 from converter.errors import ConvertError
 
-SECTIONS = ("model", "pipeline", "shapes")
+SECTIONS = ("model", "pipeline", "shapes")  # required; [ipu] is optional
 LOSS = "loss"  # the output of a class that trains
 BATCH = "batch"  # the batch dimension in an input's shape
 FILLS = ("randint", "ones", "zeros")
@@ -45,6 +51,20 @@ _LENGTH = re.compile(r"[a-z][a-z0-9]*\Z")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*\Z")
 _CONFIG_FLAG = re.compile(r"self\.config\.([A-Za-z_][A-Za-z0-9_]*)\Z")
+# [ipu] keys and their kinds: the IPU config fields a family may default (partitioning/ipu/config.py).
+IPU_DEFAULTS = {
+    "ipus_per_replica": "positive",
+    "micro_batch_size": "positive",
+    "available_memory_proportion": "proportion",
+    "recompute_every_layer": "boolean",
+    "embedding_serialization_factor": "positive",
+    "enable_half_partials": "boolean",
+    "enable_half_first_order_momentum": "boolean",
+    "half_precision": "boolean",
+    "optimizer_state_offchip": "boolean",
+    "replicated_tensor_sharding": "boolean",
+    "stochastic_rounding": "boolean",
+}
 
 
 @dataclass(frozen=True)
@@ -131,6 +151,24 @@ class SharedWeight:
 
 
 @dataclass(frozen=True)
+class PublishedLayout:
+    """A ``layers_per_ipu`` layout someone published for one shape (optimum-graphcore's hub configs)."""
+
+    shape: str
+    ipus: int
+    layers_per_ipu: tuple[int, ...]
+    source: str  # where it was published
+
+
+@dataclass(frozen=True)
+class IPUSection:
+    """The ``[ipu]`` section: IPU config defaults (keys of :data:`IPU_DEFAULTS`) and published layouts."""
+
+    defaults: dict[str, Any] = field(default_factory=dict)
+    published: dict[str, PublishedLayout] = field(default_factory=dict)  # by shape name
+
+
+@dataclass(frozen=True)
 class FamilyDefinition:
     family: str
     package: str
@@ -143,6 +181,7 @@ class FamilyDefinition:
     shapes: dict[str, dict[str, Any]]  # name -> config keyword arguments (common values included)
     default_shape: str
     shared: dict[str, tuple[SharedWeight, ...]] = field(default_factory=dict)  # class -> its shared weights
+    ipu: IPUSection = field(default_factory=IPUSection)
 
     @property
     def config_path(self) -> str:
@@ -253,9 +292,11 @@ def _join(where: str, key: str) -> str:
 def parse_definition(data: Mapping[str, Any], origin: str) -> FamilyDefinition | None:
     """The family definition of one recipe's data (``None`` when it has none: a converter-only recipe)."""
     present = [name for name in SECTIONS if name in data]
-    if not present:
-        return None
     reader = _Reader(f"recipe {origin}")
+    if not present:
+        if "ipu" in data:
+            raise reader.fail(f"[ipu] belongs to a family definition: add [{'], ['.join(SECTIONS)}]")
+        return None
     missing = [name for name in SECTIONS if name not in data]
     if missing:
         raise reader.fail(f"the family definition needs [{'], ['.join(SECTIONS)}]; [{missing[0]}] is missing")
@@ -309,7 +350,37 @@ def parse_definition(data: Mapping[str, Any], origin: str) -> FamilyDefinition |
         raise reader.fail(f"shapes.default {default_shape!r} is not one of shapes.named ({', '.join(shapes)})")
 
     return FamilyDefinition(family, package, config_class, default_class, classes, lengths, inputs, chain, shapes,
-                            default_shape, _shared_weights(reader, data.get("transforms", []), classes))
+                            default_shape, _shared_weights(reader, data.get("transforms", []), classes),
+                            _ipu(reader, data.get("ipu", {}), shapes))
+
+
+def _ipu(reader: _Reader, section: Any, shapes: Mapping[str, Any]) -> IPUSection:
+    section = reader.table(section, "ipu", (*IPU_DEFAULTS, "published"))
+    defaults: dict[str, Any] = {}
+    for key, kind in IPU_DEFAULTS.items():
+        if key not in section:
+            continue
+        value, where = section[key], f"ipu.{key}"
+        if kind == "boolean":
+            defaults[key] = reader.boolean(value, where)
+        elif kind == "positive":
+            defaults[key] = reader.positive(value, where)
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+            raise reader.fail(f"{where} must be a number in (0, 1], got {value!r}")
+        else:
+            defaults[key] = float(value)
+    published = {}
+    layouts = reader.table(section.get("published", {}), "ipu.published", shapes)
+    for shape, layout in layouts.items():
+        where = f"ipu.published.{shape}"
+        layout = reader.table(layout, where, ("ipus", "layers_per_ipu", "source"), ("ipus", "layers_per_ipu", "source"))
+        ipus = reader.positive(layout["ipus"], f"{where}.ipus")
+        counts = layout["layers_per_ipu"]
+        if not (isinstance(counts, list) and len(counts) == ipus
+                and all(not isinstance(n, bool) and isinstance(n, int) and n >= -1 for n in counts)):
+            raise reader.fail(f"{where}.layers_per_ipu must list {ipus} layer counts (>= 0, or -1), got {counts!r}")
+        published[shape] = PublishedLayout(shape, ipus, tuple(counts), reader.string(layout["source"], f"{where}.source"))
+    return IPUSection(defaults, published)
 
 
 def _chain(reader: _Reader, blocks: Any) -> tuple[ChainEntry, ...]:

@@ -56,6 +56,7 @@ class RecipeFile:
     model: dict[str, Any] = field(default_factory=dict)
     pipeline: dict[str, Any] = field(default_factory=dict)
     shapes: dict[str, Any] = field(default_factory=dict)
+    ipu: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -86,8 +86,10 @@ def build_model(model_class: type, config: Any, device: str | torch.device = "me
     try:
         with torch.device(device):
             return model_class(config).train()
-    except (TypeError, ValueError) as exc:  # a config the model's code rejects
-        raise PlanError(f"cannot build {model_class.__name__} from this config: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 (a config the model's code rejects fails any way: KeyError, RuntimeError...)
+        detail = " ".join(str(exc).split())[:200]
+        raise PlanError(f"cannot build {model_class.__name__} from this config: {type(exc).__name__}: {detail}") \
+            from None
 
 
 def _exists(model: torch.nn.Module, path: str) -> bool:
@@ -125,6 +127,10 @@ def chain_specs(entries: Sequence[ChainEntry], model: torch.nn.Module, layers_pe
                 specs.append(BlockSpec(name, tuple(group)))
     if not specs:
         raise PlanError("the model has none of its family's blocks")
+    for entry in entries:
+        layers = entry.layers
+        if layers is not None and _exists(model, layers) and not len(model.get_submodule(layers)):  # type: ignore[arg-type]
+            raise PlanError(f"the model's {layers} has no layers: check the config's layer counts")
     return specs
 
 

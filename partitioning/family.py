@@ -23,9 +23,10 @@ from converter.recipes import load_recipes
 from partitioning.blocks import MicroBatch, accepted, build_model, chain_specs, import_class, make_inputs
 from partitioning.costing import BlockSpec, Chain, cost_chain
 from partitioning.plan import PlanError
-from partitioning.shapes import config_file_kwargs, make_config, unknown_keys
+from partitioning.shapes import check_config_values, config_file_kwargs, make_config, unknown_keys
 
-GENERATED = "generated_models"  # convert-model's default output root, an importable package
+GENERATED = "generated_models"
+MAX_TOKENS = 1 << 31  # convert-model's default output root, an importable package
 
 
 def definitions() -> dict[str, FamilyDefinition]:
@@ -88,7 +89,12 @@ class ModelFamily:
         if shape is not None and config_file is not None:
             raise PlanError("give a shape name or a config file, not both")
         if config_file is not None:
-            return make_config(self.definition.config_path, config_file_kwargs(config_file))
+            kwargs = config_file_kwargs(config_file)
+            if not set(kwargs) & set(self.sizes()):
+                raise PlanError(f"config {config_file} sets none of a {self.definition.config_class}'s sizes "
+                                f"({', '.join(self.sizes()[:4])}...): give the model's config.json")
+            check_config_values(self.definition.config_path, kwargs, self.sizes(), f"config {config_file}")
+            return make_config(self.definition.config_path, kwargs)
         shape = shape or self.definition.default_shape
         if shape not in self.definition.shapes:
             raise PlanError(f"unknown shape {shape!r}; known: {', '.join(self.definition.shapes)}")
@@ -99,6 +105,13 @@ class ModelFamily:
                             f"{self.definition.config_class} does not have")
         return make_config(self.definition.config_path, kwargs)
 
+    def sizes(self) -> list[str]:
+        """Config keys every named shape sets to a positive integer (layer counts, widths, vocabulary...): a config
+        file must too."""
+        shapes = list(self.definition.shapes.values())
+        return [key for key in shapes[0] if all(isinstance(shape.get(key), int) and not isinstance(shape.get(key), bool)
+                                                and shape[key] > 0 for shape in shapes)]
+
     def micro_batch(self, batch: int, lengths: Mapping[str, int] | None = None) -> MicroBatch:
         """``batch`` sequences of the family's lengths: those given, the family's defaults for the rest."""
         lengths = dict(lengths or {})
@@ -107,7 +120,11 @@ class ModelFamily:
             raise PlanError(f"the {self.name} family has no sequence length {unknown[0]!r} "
                             f"(its lengths: {', '.join(self.definition.lengths)})")
         defaults = self.definition.lengths
-        return MicroBatch(batch, {name: lengths.get(name, default) for name, default in defaults.items()})
+        sizes = {name: lengths.get(name, default) for name, default in defaults.items()}
+        longest = max(sizes.values(), default=1)
+        if batch * longest > MAX_TOKENS:  # torch's sizes are int64 and a model's square of them must be too
+            raise PlanError(f"a micro-batch of {batch} x {longest} tokens is too large to cost (at most 2^31 tokens)")
+        return MicroBatch(batch, sizes)
 
     def input_specs(self, class_name: str) -> tuple[InputSpec, ...]:
         return accepted(self.definition.inputs, self.model_class(class_name).forward)

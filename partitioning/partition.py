@@ -28,7 +28,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from partitioning.plan import Block, Plan, PlanError, Stage, Value
@@ -54,18 +54,42 @@ class Settings:
     recompute: bool = True  # recompute crossing values where cheaper than sending them
 
     def __post_init__(self) -> None:
-        if not self.device_flops > 0 or not self.bandwidth > 0:
-            raise PlanError("device FLOP/s and bandwidth must be positive")
+        # Finite too: the flags are finite, but TFLOP/s x 1e12 can overflow to infinity, which JSON cannot hold.
+        if not 0 < self.device_flops < math.inf or not 0 < self.bandwidth < math.inf:
+            raise PlanError(f"device FLOP/s ({self.device_flops:g}) and bandwidth ({self.bandwidth:g} B/s) must be "
+                            f"finite and positive")
         if self.micro_batches < 1:
             raise PlanError(f"micro-batches must be at least 1, got {self.micro_batches}")
         if self.schedule not in SCHEDULES:
             raise PlanError(f"unknown schedule {self.schedule!r}; known: {', '.join(SCHEDULES)}")
-        if self.memory_limit is not None and not self.memory_limit > 0:
-            raise PlanError(f"the memory limit must be positive, got {self.memory_limit}")
+        if self.memory_limit is not None and not 0 < self.memory_limit < math.inf:
+            raise PlanError(f"the memory limit must be finite and positive, got {self.memory_limit:g} bytes")
         if self.optimizer_states < 0:
             raise PlanError(f"optimizer states must be >= 0, got {self.optimizer_states}")
         if not self.memory_bandwidth > 0 or not self.backward_factor >= 0:
             raise PlanError("memory bandwidth must be positive and the backward factor non-negative")
+
+    @classmethod
+    def from_plan(cls, settings: Mapping[str, Any]) -> Settings:
+        """The settings a plan file records (those this release knows), each checked against its field's type."""
+        values = {}
+        for item in fields(cls):
+            if item.name not in settings:
+                continue
+            value, default = settings[item.name], item.default
+            number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if isinstance(default, bool):
+                ok = isinstance(value, bool)
+            elif isinstance(default, int):
+                ok = number and isinstance(value, int)
+            elif isinstance(default, str):
+                ok = isinstance(value, str)
+            else:  # a float, or None for a limit that is a number when set
+                ok = number or (default is None and value is None)
+            if not ok:
+                raise PlanError(f"not a plan file: settings.{item.name} must be like {default!r}, got {value!r:.40}")
+            values[item.name] = value
+        return cls(**values)
 
     @property
     def state_copies(self) -> int:

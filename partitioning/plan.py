@@ -4,8 +4,9 @@ costing, the partitioner and every placement backend)."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -171,23 +172,151 @@ class Plan:
             raise PlanError("the stages must cover every block once, in chain order, with no empty stage")
 
     def to_json(self) -> str:
+        ratio = self.ratio
         data = {"model": self.model, "settings": self.settings,
                 "blocks": [asdict(b) for b in self.blocks], "stages": [asdict(s) for s in self.stages],
                 "values": [asdict(v) for v in self.values], "recomputed": list(self.recomputed),
-                "bottleneck": self.bottleneck, "ideal": self.ideal, "ratio": self.ratio}
-        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+                "bottleneck": self.bottleneck, "ideal": self.ideal,
+                "ratio": ratio if math.isfinite(ratio) else None}  # JSON has no Infinity
+        try:
+            return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
+        except ValueError:
+            raise PlanError("the plan holds a number that is not finite (NaN or infinity): check the machine "
+                            "settings it was made for") from None
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
+        """A plan as :meth:`to_json` wrote it; anything else (a hand edit gone wrong) is one line naming the field."""
         try:
-            data = json.loads(text)
-            blocks = [Block(**{**b, "modules": tuple(b["modules"]), "shared": tuple(b.get("shared", ())),
-                                "crossing": tuple(b.get("crossing", ()))})
-                      for b in data["blocks"]]
-            stages = [Stage(**{**s, "blocks": tuple(s["blocks"]), "recompute": tuple(s.get("recompute", ()))})
-                      for s in data["stages"]]
-            values = [Value.from_dict(v) for v in data.get("values", ())]
-            recomputed = [str(name) for name in data.get("recomputed", ())]
-        except (ValueError, KeyError, TypeError) as exc:
+            data = json.loads(text, parse_constant=_not_a_number)
+        except ValueError as exc:
             raise PlanError(f"not a plan file: {exc}") from None
-        return cls(data["model"], blocks, stages, data.get("settings", {}), values, recomputed)
+        check = _Fields("plan")
+        data = check.table(data, "", ("model", "blocks", "stages"))
+        model = check.table(data["model"], "model")
+        settings = check.table(data.get("settings", {}), "settings")
+        blocks = []
+        for index, raw in enumerate(check.items(data["blocks"], "blocks")):
+            where = f"blocks[{index}]"
+            raw = check.table(raw, where, ("name", "modules", "flops", "param_bytes", "out_bytes"))
+            unknown = sorted(set(raw) - {f.name for f in fields(Block)})
+            if unknown:
+                raise PlanError(f"not a plan file: {where} has an unknown field {unknown[0]!r}")
+            seconds = raw.get("seconds")
+            blocks.append(Block(
+                name=check.text(raw["name"], f"{where}.name"), modules=check.texts(raw["modules"], f"{where}.modules"),
+                flops=check.number(raw["flops"], f"{where}.flops"),
+                param_bytes=check.count(raw["param_bytes"], f"{where}.param_bytes"),
+                out_bytes=check.count(raw["out_bytes"], f"{where}.out_bytes"),
+                activation_bytes=check.count(raw.get("activation_bytes", 0), f"{where}.activation_bytes"),
+                seconds=None if seconds is None else check.number(seconds, f"{where}.seconds"),
+                shared=check.texts(raw.get("shared", []), f"{where}.shared", empty=True),
+                crossing=check.texts(raw.get("crossing", []), f"{where}.crossing", empty=True)))
+        stages = []
+        for index, raw in enumerate(check.items(data["stages"], "stages")):
+            where = f"stages[{index}]"
+            raw = check.table(raw, where, ("index", "blocks", "compute", "communication", "memory_bytes"))
+            unknown = sorted(set(raw) - {f.name for f in fields(Stage)})
+            if unknown:
+                raise PlanError(f"not a plan file: {where} has an unknown field {unknown[0]!r}")
+            stages.append(Stage(index=check.count(raw["index"], f"{where}.index"),
+                                blocks=check.texts(raw["blocks"], f"{where}.blocks"),
+                                compute=check.number(raw["compute"], f"{where}.compute"),
+                                communication=check.number(raw["communication"], f"{where}.communication"),
+                                memory_bytes=check.count(raw["memory_bytes"], f"{where}.memory_bytes"),
+                                recompute=check.texts(raw.get("recompute", []), f"{where}.recompute", empty=True),
+                                recompute_time=check.number(raw.get("recompute_time", 0.0), f"{where}.recompute_time"),
+                                send_bytes=None if raw.get("send_bytes") is None
+                                else check.count(raw["send_bytes"], f"{where}.send_bytes")))
+        values = [_value(check, raw, f"values[{index}]") for index, raw in enumerate(check.sequence(data.get("values", []),
+                                                                                                 "values"))]
+        recomputed = list(check.texts(data.get("recomputed", []), "recomputed", empty=True))
+        return cls(model, blocks, stages, settings, values, recomputed)
+
+
+def _value(check: _Fields, raw: Any, where: str) -> Value:
+    raw = check.table(raw, where, ("name", "key", "bytes", "produced", "uses"))
+    unknown = sorted(set(raw) - {f.name for f in fields(Value)})
+    if unknown:
+        raise PlanError(f"not a plan file: {where} has an unknown field {unknown[0]!r}")
+    recompute = raw.get("recompute")
+    if recompute is not None:
+        at = f"{where}.recompute"
+        recompute = check.table(recompute, at, ("flops", "bytes"))
+        unknown = sorted(set(recompute) - {f.name for f in fields(Recompute)})
+        if unknown:
+            raise PlanError(f"not a plan file: {at} has an unknown field {unknown[0]!r}")
+        inputs = []
+        for index, pair in enumerate(check.sequence(recompute.get("inputs", []), f"{at}.inputs")):
+            if not (isinstance(pair, list) and len(pair) == 2):
+                raise check.fail(f"{at}.inputs[{index}]", "a [name, bytes] pair", pair)
+            inputs.append((check.text(pair[0], f"{at}.inputs[{index}][0]"),
+                           check.count(pair[1], f"{at}.inputs[{index}][1]")))
+        recompute = Recompute(flops=check.number(recompute["flops"], f"{at}.flops"),
+                              bytes=check.count(recompute["bytes"], f"{at}.bytes"),
+                              params=check.texts(recompute.get("params", []), f"{at}.params", empty=True),
+                              param_bytes=check.count(recompute.get("param_bytes", 0), f"{at}.param_bytes"),
+                              inputs=tuple(inputs), grad=check.flag(recompute.get("grad", False), f"{at}.grad"))
+    uses = tuple(check.count(use, f"{where}.uses[{i}]") for i, use in enumerate(check.items(raw["uses"], f"{where}.uses")))
+    return Value(name=check.text(raw["name"], f"{where}.name"), key=check.text(raw["key"], f"{where}.key"),
+                 bytes=check.count(raw["bytes"], f"{where}.bytes"),
+                 produced=check.count(raw["produced"], f"{where}.produced"), uses=uses, recompute=recompute,
+                 input=check.flag(raw.get("input", False), f"{where}.input"))
+
+
+def _not_a_number(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+class _Fields:
+    """Typed reads of a plan file: each failure names the field, the way a user would look for it."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def fail(self, where: str, expected: str, value: Any) -> PlanError:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        return PlanError(f"not a {self.what} file: {where or 'the top level'} must be {expected}, got {shown}")
+
+    def table(self, value: Any, where: str, required: Sequence[str] = ()) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(where, "a JSON object", value)
+        for key in required:
+            if key not in value:
+                raise PlanError(f"not a {self.what} file: {where + '.' if where else ''}{key} is missing")
+        return value
+
+    def items(self, value: Any, where: str) -> list[Any]:
+        if not isinstance(value, list) or not value:
+            raise self.fail(where, "a non-empty list", value)
+        return value
+
+    def sequence(self, value: Any, where: str) -> list[Any]:
+        if not isinstance(value, list):
+            raise self.fail(where, "a list", value)
+        return value
+
+    def flag(self, value: Any, where: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(where, "true or false", value)
+        return value
+
+    def text(self, value: Any, where: str) -> str:
+        if not isinstance(value, str) or not value:
+            raise self.fail(where, "a non-empty string", value)
+        return value
+
+    def texts(self, value: Any, where: str, empty: bool = False) -> tuple[str, ...]:
+        if not isinstance(value, list) or not (value or empty):
+            raise self.fail(where, "a list of strings", value)
+        return tuple(self.text(item, f"{where}[{i}]") for i, item in enumerate(value))
+
+    def number(self, value: Any, where: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise self.fail(where, "a finite number >= 0", value)
+        return float(value)
+
+    def count(self, value: Any, where: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise self.fail(where, "an integer >= 0", value)
+        return value

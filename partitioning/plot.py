@@ -21,8 +21,8 @@ def _pyplot():  # type: ignore[no-untyped-def]
     return plt
 
 
-def plot_plan(plan: Plan, path: Path) -> None:
-    """Per-stage compute and communication time against the ideal, and memory against the limit."""
+def plan_png(plan: Plan) -> bytes:
+    """Per-stage compute and communication time against the ideal, and memory against the limit, as a PNG."""
     plt = _pyplot()
     figure, (times, memory) = plt.subplots(1, 2, figsize=(11, 4))
     stages = [stage.index for stage in plan.stages]
@@ -42,7 +42,7 @@ def plot_plan(plan: Plan, path: Path) -> None:
         memory.axhline(limit / 1e9, color="red", linestyle="--", label="limit")
         memory.legend()
     memory.set(xlabel="stage", ylabel="GB per device", xticks=stages, title="memory")
-    _save(plt, figure, path)
+    return _png(plt, figure)
 
 
 def plot_ratios(rows: Sequence[tuple[str, dict[str, float]]], path: Path, title: str) -> None:
@@ -59,12 +59,12 @@ def plot_ratios(rows: Sequence[tuple[str, dict[str, float]]], path: Path, title:
     axes.set_xticklabels([case for case, _ in rows], rotation=45, ha="right")
     axes.set(ylabel="bottleneck / ideal (lower is better)", title=title)
     axes.legend()
-    _save(plt, figure, path)
+    write_atomic(path, _png(plt, figure))
 
 
-def _save(plt, figure, path: Path) -> None:  # type: ignore[no-untyped-def]
+def _png(plt, figure) -> bytes:  # type: ignore[no-untyped-def]
     buffer = io.BytesIO()
     figure.tight_layout()
     figure.savefig(buffer, format="png", dpi=100)
     plt.close(figure)
-    write_atomic(path, buffer.getvalue())
+    return buffer.getvalue()

@@ -22,6 +22,8 @@ from converter.errors import ConvertError
 from converter.family import InputSpec
 from partitioning.blocks import MicroBatch, make_inputs
 from partitioning.family import ModelFamily
+from partitioning.files import read_plan
+from partitioning.partition import Settings
 from partitioning.pipelining import TIED_SUMS, PipelineRun
 from partitioning.plan import Plan, PlanError
 from partitioning.shapes import make_config
@@ -75,7 +77,8 @@ def rebuild(described: dict) -> tuple[torch.nn.Module, Any, list[InputSpec], Mic
 def train(plan: Plan, steps: int, lr: float, seed: int, tied_sum: str, device: torch.device) -> list[str]:
     torch.manual_seed(seed)
     model, config, specs, micro_batch = rebuild(plan.model)
-    micro_batches, schedule = int(plan.settings["micro_batches"]), str(plan.settings["schedule"])
+    settings = Settings.from_plan(plan.settings)
+    micro_batches, schedule = settings.micro_batches, settings.schedule
     example = make_inputs(specs, config, micro_batch, "cpu")
     run = PipelineRun(model, plan, example, micro_batches=micro_batches, schedule=schedule, device=device,
                       tied_sum=tied_sum)
@@ -100,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     backend, device = device_for_rank()
     dist.init_process_group(backend)
     try:
-        plan = Plan.from_json(args.plan.read_text())
+        plan = read_plan(args.plan)
         for line in train(plan, args.steps, args.lr, args.seed, args.tied_sum, device):
             print(line, flush=True)
     except (PlanError, OSError) as exc:

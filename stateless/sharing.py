@@ -88,6 +88,15 @@ class _LoadHFKeys:
 
     def __call__(self, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
         found = [prefix + key for key in self.spec.hf_keys if prefix + key in state_dict]
+        # The stateful model holds one tensor under all these keys, so loading keeps whichever comes last; copies
+        # that differ are a checkpoint of another (untied) model, which must not load silently as this one.
+        real = [(key, state_dict[key]) for key in found
+                if isinstance(state_dict[key], torch.Tensor) and state_dict[key].device.type != "meta"]
+        for key, value in real[1:]:
+            first, reference = real[0]
+            if value.shape != reference.shape or not torch.equal(value, reference):
+                raise ValueError(f"the checkpoint's {first} and {key} differ, but this model ties them into "
+                                 f"{self.spec.weight}: it is a checkpoint of an untied model")
         if found and prefix + self.spec.weight not in state_dict:
             state_dict[prefix + self.spec.weight] = state_dict[found[0]]
         for key in found:

@@ -9,6 +9,10 @@ target uses, and nothing else:
   while it traces the model for the IPU): outside the IPU it is a no-op.
 * ``removeBlocks(module)`` drops those hooks from every submodule.
 * ``recomputationCheckpoint(tensor)`` returns its input (it only marks it on the IPU).
+* ``serializedMatMul(lhs, rhs, mode, factor)`` is ``lhs @ rhs`` (serializing is a
+  compilation directive: ``factor`` matmuls over ``mode``'s dimension on the IPU).
+* ``TensorLocationSettings`` records its chained settings (``useOnChipStorage``,
+  ``useReplicatedTensorSharding``); equal settings compare equal.
 * ``Options`` accepts only the setters PopTorch documents that the target
   calls, records each call, and ``loadFromFile`` reads PopTorch's text format
   the way PopTorch does (each line prefixed with ``options.`` and executed
@@ -37,10 +41,11 @@ class Block:
 
 @dataclass
 class Tracer:
-    """Records block starts and recomputation checkpoints, in the order the forward makes them."""
+    """Records block starts, recomputation checkpoints and serialized matmuls, in the order the forward makes them."""
 
     starts: list[tuple[str, int]] = field(default_factory=list)
     checkpoints: list[tuple[str, int] | None] = field(default_factory=list)
+    serialized: list[tuple[tuple[str, int] | None, int]] = field(default_factory=list)  # (block, factor)
 
     @property
     def current(self) -> tuple[str, int] | None:
@@ -91,6 +96,41 @@ def recomputationCheckpoint(tensor: torch.Tensor) -> torch.Tensor:  # noqa: N802
     return tensor
 
 
+class MatMulSerializationMode(enum.Enum):
+    InputChannels = "input_channels"
+    ReducingDim = "reducing_dim"
+    OutputChannels = "output_channels"
+    Disabled = "none"
+
+
+def serializedMatMul(lhs: torch.Tensor, rhs: torch.Tensor, mode: MatMulSerializationMode,  # noqa: N802
+                     factor: int = 0, keep_precision: bool = False) -> torch.Tensor:
+    if not isinstance(mode, MatMulSerializationMode):
+        raise TypeError("mode must be a poptorch.MatMulSerializationMode")
+    if Block._stages_manager is not None:
+        Block._stages_manager.serialized.append((Block._stages_manager.current, factor))
+    return torch.matmul(lhs, rhs)
+
+
+class TensorLocationSettings:
+    def __init__(self) -> None:
+        self.settings: dict[str, Any] = {}
+
+    def useOnChipStorage(self, use: bool = True) -> TensorLocationSettings:  # noqa: N802
+        self.settings["onChip"] = bool(use)
+        return self
+
+    def useReplicatedTensorSharding(self, use: bool = True) -> TensorLocationSettings:  # noqa: N802
+        self.settings["replicatedTensorSharding"] = bool(use)
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TensorLocationSettings) and self.settings == other.settings
+
+    def __repr__(self) -> str:
+        return f"TensorLocationSettings({self.settings})"
+
+
 class AutoStage(enum.Enum):
     SameAsIpu = 0
     AutoIncrement = 1
@@ -135,6 +175,7 @@ class Options(_Setters):
         self.calls = self._calls
         self.Training = _Setters("Training.", self.calls, {"gradientAccumulation"})
         self.Precision = _Setters("Precision.", self.calls, {"enableStochasticRounding", "setPartialsType"})
+        self.TensorLocations = _Setters("TensorLocations.", self.calls, {"setOptimizerLocation"})
 
     def loadFromFile(self, filepath: str) -> Options:  # noqa: N802
         commands = []

@@ -24,6 +24,7 @@ from converter.family import InputSpec, parse_definition
 from partitioning import family as family_module
 from partitioning.blocks import MicroBatch, accepted, chain_specs, make_inputs
 from partitioning.family import ModelFamily
+from partitioning.ipu.errors import IPUError
 from partitioning.ipu.roles import Roles, derive_roles, roles_for
 from partitioning.plan import PlanError
 from partitioning.train import rebuild
@@ -107,10 +108,12 @@ def test_a_bad_key_is_one_line_naming_the_file_and_the_key(old: str, new: str, m
 
 
 def test_a_recipe_without_family_sections_has_no_definition_and_a_partial_one_is_an_error() -> None:
-    data = {key: value for key, value in t5_data().items() if key not in ("model", "pipeline", "shapes")}
+    data = {key: value for key, value in t5_data().items() if key not in ("model", "pipeline", "shapes", "ipu")}
     assert parse_definition(data, "t5.toml") is None
     with pytest.raises(ConvertError, match=r"recipe t5.toml: the family definition needs .*\[pipeline\] is missing"):
         parse_definition({**data, "model": t5_data()["model"]}, "t5.toml")
+    with pytest.raises(ConvertError, match=r"recipe t5.toml: \[ipu\] belongs to a family definition"):
+        parse_definition({**data, "ipu": t5_data()["ipu"]}, "t5.toml")
 
 
 def test_partition_model_reports_a_misspelled_family_key_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
@@ -365,11 +368,19 @@ def test_t5_ipu_roles_derived_from_the_recipe_equal_the_hand_written_ones(tied: 
     assert roles_for("t5", "T5ForConditionalGeneration", config, stateless=True) == Roles(
         "stateless", "shared_embed_weight", "call model.make_stateless() first", lists,
         {"shared_embed_weight": ("encoder.embed_tokens", "decoder.embed_tokens", *head)},
-        {"shared": "encoder.embed_tokens"}, sites)
+        {"shared": "encoder.embed_tokens"}, sites, projection="lm_head")  # the projection, tied or not
     assert roles_for("t5", "T5ForConditionalGeneration", config, stateless=False) == Roles(
         "stateful", "shared.weight", "call model.make_stateful() first (or plan for the stateless form)", lists,
         {"shared.weight": ("shared", *head)}, {"encoder.embed_tokens": "shared", "decoder.embed_tokens": "shared"},
-        sites)
+        sites, projection="lm_head")
+
+
+@pytest.mark.parametrize("value", ["false", 0, None, [True]])
+def test_a_tie_flag_that_is_not_a_boolean_is_refused_not_read_as_tied(value: object) -> None:
+    # Before: a plan edited to "tie_word_embeddings": "false" was read as tied (a non-empty string is true).
+    with pytest.raises(IPUError, match=f"the plan's config.tie_word_embeddings must be true or false, got "
+                                       f"{re.escape(repr(value))}"):
+        roles_for("t5", "T5ForConditionalGeneration", {"tie_word_embeddings": value}, stateless=True)
 
 
 def test_roles_follow_the_class_and_a_family_without_shared_weights_has_one_form() -> None:

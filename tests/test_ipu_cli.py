@@ -47,7 +47,7 @@ def test_prints_the_placement_and_writes_code_and_options(standin, tmp_path: Pat
     assert "uses shared_embed_weight: on IPU 0 with its other users" in out
     assert f"wrote {code}\nwrote {options}\n" in out
     generated = code.read_text()
-    assert "# regenerate: partition-model t5 --version 4.5.1 --target ipu --ipus 4 --ipu-form stateless\n" in generated
+    assert "# regenerate: partition-model t5 --version 4.5.1 --class T5ForConditionalGeneration --target ipu --ipus 4 --ipu-form stateless\n" in generated
     namespace: dict = {}
     exec(compile(generated, str(code), "exec"), namespace)
     model = t5("stateless")

@@ -55,16 +55,68 @@ def test_not_json_is_a_one_line_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("settings, message", [
     ({"replication_factor": 0}, "replication_factor must be a positive integer"),
+    ({"replication_factor": None}, "replication_factor .* must be positive integers, got null"),
     ({"gradient_accumulation": True}, "gradient_accumulation must be a positive integer"),
-    ({"available_memory_proportion": 1.5}, r"values must be in \(0, 1\]"),
-    ({"output_mode": "everything"}, "output_mode 'everything' is not one of all, sum, final, default"),
+    ({"available_memory_proportion": 1.5}, r"available_memory_proportion must be a number in \(0, 1\]"),
+    ({"available_memory_proportion": []}, r"available_memory_proportion must be a number in \(0, 1\] .*got \[\]"),
+    ({"output_mode": "everything"}, 'output_mode must be one of all, sum, final, default, got "everything"'),
     ({"layers_per_ipu": [2, -2]}, "layers_per_ipu must list layer counts >= 0 or -1"),
     ({"training": "yes"}, "training must be true or false"),
-    ({"inference_execution": "phased"}, "inference_execution 'phased' is not one of sharded, pipelined"),
+    ({"inference_execution": "phased"}, 'inference_execution must be one of sharded, pipelined, got "phased"'),
+    ({"embedding_serialization_factor": 0}, "embedding_serialization_factor must be a positive integer"),
+    ({"optimizer_state_offchip": "true"}, "optimizer_state_offchip must be true or false"),
+    ({"executable_cache_dir": 7}, "executable_cache_dir must be a path string, got 7"),
 ])
 def test_bad_values_are_rejected(settings: dict, message: str) -> None:
     with pytest.raises(IPUError, match=message):
         IPUConfig.from_dict(settings)
+
+
+# Issue 14 part 3: each was a TypeError traceback (or, for the string, read a character at a time: "unknown block 'e'").
+@pytest.mark.parametrize("settings, message", [
+    ({"output_mode": []}, "output_mode must be one of all, sum, final, default, got \\[\\]"),
+    ({"layers_per_ipu": 5}, "layers_per_ipu must list layer counts >= 0 or -1 \\(wildcard\\), got 5"),
+    ({"recompute_checkpoints": 5}, "recompute_checkpoints must be a list of block names, got 5"),
+    ({"recompute_checkpoints": "encoder.embed"},
+     'recompute_checkpoints must be a list of block names, got "encoder.embed" \\(one block: \\["encoder.embed"\\]\\)'),
+    ({"recompute_checkpoints": [["a"]]}, "recompute_checkpoints must be a list of block names"),
+    ({"layers_per_ipu": {"a": 1}}, "layers_per_ipu must list layer counts"),
+], ids=["output_mode-list", "layers_per_ipu-int", "recompute-int", "recompute-string", "recompute-nested",
+        "layers_per_ipu-object"])
+def test_mistyped_values_are_one_line_errors(tmp_path: Path, settings: dict, message: str) -> None:
+    path = tmp_path / "ipu.json"
+    path.write_text(json.dumps(settings))
+    with pytest.raises(IPUError, match=f"IPU config {path}: {message}"):
+        IPUConfig.load(path)
+
+
+def _write(tmp_path: Path, name: str, data: bytes) -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda tmp: _write(tmp, "nan.json", b'{"available_memory_proportion": NaN}'), "NaN is not a JSON number"),
+    (lambda tmp: _write(tmp, "latin1.json", b'{"executable_cache_dir": "caf\xe9"}'), "is not UTF-8 text"),
+    (lambda tmp: _write(tmp, "big.json", b" " * (2 << 20) + b"{}"), "larger than 1024 KiB"),
+    (lambda tmp: Path("/dev/zero"), "not a regular file"),
+    (lambda tmp: tmp, "Is a directory|is a directory"),
+    (lambda tmp: _write(tmp, "list.json", b"[1, 2]"), "must be a JSON object, not list"),
+], ids=["NaN", "not-utf8", "2MiB", "dev-zero", "directory", "list"])
+def test_reading_the_file_is_capped_and_strict(tmp_path: Path, make, message: str) -> None:
+    with pytest.raises(IPUError, match=message):
+        IPUConfig.load(make(tmp_path))
+
+
+def test_family_defaults_apply_under_the_users_settings(tmp_path: Path) -> None:
+    path = tmp_path / "ipu.json"
+    path.write_text('{"embedding_serialization_factor": 4}')
+    defaults = {"embedding_serialization_factor": 2, "optimizer_state_offchip": True}
+    config = IPUConfig.load(path, defaults)
+    assert (config.embedding_serialization_factor, config.optimizer_state_offchip) == (4, True)
+    with pytest.raises(IPUError, match="the family: optimizer_state_offchip must be true or false"):
+        IPUConfig.from_dict({}, "the family", {"optimizer_state_offchip": 1})
 
 
 def test_resolved_fills_the_least_values_poptorch_accepts() -> None:
@@ -83,6 +135,8 @@ def test_training_options_file_is_pipelined_with_auto_increment() -> None:
         "replicationFactor(2)",
         "deviceIterations(2)",
         "Training.gradientAccumulation(9)",
+        "TensorLocations.setOptimizerLocation(poptorch.TensorLocationSettings().useOnChipStorage(True)"
+        ".useReplicatedTensorSharding(False))",
         "setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement))",
         "outputMode(poptorch.OutputMode.All)",
         "setAvailableMemoryProportion({'IPU0': 0.2, 'IPU1': 0.6, 'IPU2': 0.6, 'IPU3': 0.5})",
@@ -121,3 +175,16 @@ def test_without_poptorch_the_file_works_and_the_api_says_why_not(no_poptorch, t
     assert "Training.gradientAccumulation(9)" in path.read_text()
     with pytest.raises(IPUError, match="poptorch is required .* ships only with Graphcore's Poplar SDK"):
         TRAINING.to_poptorch_options()
+
+
+def test_optimizer_state_location_follows_the_config(standin) -> None:
+    sharded = IPUConfig(ipus_per_replica=4, gradient_accumulation=9, device_iterations=1, replication_factor=2,
+                        optimizer_state_offchip=True, replicated_tensor_sharding=True)
+    assert ("TensorLocations.setOptimizerLocation(poptorch.TensorLocationSettings().useOnChipStorage(False)"
+            ".useReplicatedTensorSharding(True))") in sharded.options_text("title")
+    settings = dict(sharded.to_poptorch_options().calls)["TensorLocations.setOptimizerLocation"][0]
+    assert settings.settings == {"onChip": False, "replicatedTensorSharding": True}
+    alone = IPUConfig(ipus_per_replica=4, gradient_accumulation=9, device_iterations=1, replicated_tensor_sharding=True)
+    assert ".useReplicatedTensorSharding(False))" in alone.options_text("title")  # one replica: nothing to shard over
+    inference = IPUConfig(training=False).resolved(4, 4).options_text("title")
+    assert "TensorLocations" not in inference and "Precision.enableStochasticRounding(False)" in inference

@@ -278,3 +278,33 @@ def test_generated_code_spells_out_each_begin_block(tmp_path: Path) -> None:
 def test_module_expression_spells_indices_and_falls_back_for_odd_names() -> None:
     assert module_expression("encoder.block.3.layer.0") == "model.encoder.block[3].layer[0]"
     assert module_expression("head.class") == "model.get_submodule('head.class')"
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_the_projection_is_serialized_as_configured_and_the_loss_is_unchanged(standin, tmp_path: Path,
+                                                                               form: str) -> None:
+    config = IPUConfig(embedding_serialization_factor=4)
+    models = [t5(form), t5(form)]
+    placement = plan_ipu(t5_plan(models[0], 4, form), config, t5_roles(tied=True, stateless=form == "stateless"))
+    assert placement.serialized == "lm_head"
+    write_parallelize(placement, tmp_path / "code.py", "cmd")
+    code = load(tmp_path / "code.py")
+    kwargs = inputs(masks=True)
+    reference = run(models[0], kwargs)
+    reference.backward()
+    grads = {name: p.grad.clone() for name, p in models[0].named_parameters()}
+    models[0].zero_grad()
+    out_code, from_code, _ = placed(models[0], code.parallelize, kwargs)
+    out_apply, from_apply, _ = placed(models[1], lambda m: apply.parallelize(m, placement), kwargs)
+    assert torch.equal(out_code, reference) and torch.equal(out_apply, reference)
+    out_code.backward()
+    assert all(torch.equal(p.grad, grads[name]) for name, p in models[0].named_parameters())
+    # One serialized matmul per forward, by 4, in the LM head's block on IPU 0.
+    assert from_code.serialized == from_apply.serialized == [(("lm_head", 0), 4)]
+    code.deparallelize(models[0])
+    apply.deparallelize(models[1])
+    for model in models:
+        assert "forward" not in model.lm_head.__dict__
+        with poptorch_standin.ipu_tracing() as tracer:
+            run(model, kwargs)
+        assert tracer.serialized == []

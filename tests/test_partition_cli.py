@@ -60,7 +60,7 @@ def test_plot_and_module_to_device_outputs(tiny: Path, tmp_path: Path, capsys: p
         assert mapping[block.first_module] == f"cuda:{stage.index}"
     code, stdout, _ = run(BASE + ["--stages", "2", "--config", str(tiny), "--output", str(out),
                                   "--module-to-device"], capsys)
-    assert json.loads(stdout[stdout.index("{"):]) == mapping  # printed when no file is named
+    assert json.loads(stdout[stdout.index("{"):stdout.rindex("}") + 1]) == mapping  # printed when no file is named
 
 
 def test_encoder_only_class_and_granularity(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -75,8 +75,9 @@ def test_encoder_only_class_and_granularity(tiny: Path, tmp_path: Path, capsys: 
 @pytest.mark.parametrize("extra,message", [
     (["--stages", "11", "--granularity", "1"], "cannot split 10 blocks into 11 stages"),
     (["--stages", "19"], "cannot split 18 blocks into 19 stages"),  # auto: neither granularity has enough
-    (["--stages", "2", "--granularity", "fine"], "granularity must be 'auto', 'sublayer' or a number"),
-    (["--stages", "0"], "the number of stages must be at least 1, got 0"),
+    (["--stages", "2", "--granularity", "fine"],
+     "argument --granularity: expected 'auto', 'sublayer' or a positive number of layers per block, got 'fine'"),
+    (["--stages", "0"], "argument --stages: expected a positive integer, got '0'"),
     (["--stages", "2", "--class", "T5ForEverything"], "unknown class 'T5ForEverything'"),
     (["--stages", "2", "--memory-gb", "0.000001"], "no split into 2 stages fits 1000 B per device"),
     (["--stages", "2", "--schedule", "interleaved"], "unknown schedule 'interleaved'"),

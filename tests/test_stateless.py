@@ -334,3 +334,18 @@ def test_a_stateless_model_pickles_and_keeps_loading_stock_keys(copy_with: str, 
     restored.make_stateful()
     assert not restored._load_state_dict_pre_hooks  # and make_stateful still removes it
     assert list(restored.state_dict()) == list(reference.state_dict())
+
+
+@pytest.mark.parametrize("change", ["values", "shape"])
+def test_a_checkpoint_whose_tied_copies_differ_is_refused(change: str) -> None:
+    # Before: the stateless model loaded shared.weight and silently dropped a different encoder.embed_tokens.weight
+    # (the stock model keeps the last of them, a mismatched shape fails there): a checkpoint of another model.
+    _, converted = stateless_pair("T5ForConditionalGeneration", TIED)
+    state = stock.T5ForConditionalGeneration(config(TIED)).state_dict()
+    weight = state["encoder.embed_tokens.weight"]
+    state["encoder.embed_tokens.weight"] = weight + 1 if change == "values" else weight[:-1]
+    with pytest.raises(ValueError, match="shared.weight and encoder.embed_tokens.weight differ"):
+        converted.load_state_dict(state)
+    equal = stock.T5ForConditionalGeneration(config(TIED)).state_dict()
+    converted.load_state_dict(equal)  # identical copies, as every stock checkpoint has them, still load
+    assert torch.equal(converted.shared_embed_weight, equal["shared.weight"])

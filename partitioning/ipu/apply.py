@@ -25,6 +25,24 @@ class RecomputeCheckpoint:
         return outputs
 
 
+class SerializedForward:
+    """A projection's forward as ``factor`` matmuls over its output channels (optimum-graphcore's SerializedLinear).
+
+    Installed as the module's own ``forward``: a stateless linear is called
+    ``(weight, hidden_states)``, a ``torch.nn.Linear`` ``(hidden_states)``.
+    """
+
+    def __init__(self, module: torch.nn.Module, factor: int, poptorch: Any) -> None:
+        self.module, self.factor, self.poptorch = module, factor, poptorch
+
+    def __call__(self, *args: torch.Tensor) -> torch.Tensor:
+        module = self.module
+        weight, hidden = args if getattr(module, "takes_shared_weight", False) else (module.weight, *args)
+        mode = self.poptorch.MatMulSerializationMode.OutputChannels
+        output = self.poptorch.serializedMatMul(hidden, weight.t(), mode, self.factor)
+        return output if module.bias is None else output + module.bias
+
+
 def _submodule(model: torch.nn.Module, name: str, placement: Placement) -> torch.nn.Module:
     try:
         return model.get_submodule(name)
@@ -57,20 +75,27 @@ def check_model(model: torch.nn.Module, placement: Placement) -> None:
 
 
 def parallelize(model: torch.nn.Module, placement: Placement) -> torch.nn.Module:
-    """Wrap each block start in ``poptorch.BeginBlock`` (in execution order) and add recomputation checkpoints."""
+    """Wrap each block start in ``poptorch.BeginBlock`` (in execution order), add recomputation checkpoints and
+    serialize the vocabulary projection."""
     poptorch = require_poptorch()
     check_model(model, placement)
     for annotation in placement.annotations:
         poptorch.BeginBlock(model.get_submodule(annotation.module), annotation.user_id, ipu_id=annotation.ipu)
     for name in placement.recompute:
         model.get_submodule(name).register_forward_hook(RecomputeCheckpoint(poptorch))
+    if placement.serialized is not None:
+        module = model.get_submodule(placement.serialized)
+        module.forward = SerializedForward(module, placement.config.embedding_serialization_factor, poptorch)
     return model
 
 
 def deparallelize(model: torch.nn.Module) -> torch.nn.Module:
-    """Remove every BeginBlock (``poptorch.removeBlocks``) and every checkpoint hook :func:`parallelize` added."""
+    """Remove every BeginBlock (``poptorch.removeBlocks``), checkpoint hook and serialization :func:`parallelize`
+    added."""
     require_poptorch().removeBlocks(model)
     for module in model.modules():
         for key in [key for key, hook in module._forward_hooks.items() if isinstance(hook, RecomputeCheckpoint)]:
             del module._forward_hooks[key]
+        if isinstance(module.__dict__.get("forward"), SerializedForward):
+            del module.forward
     return model

@@ -37,6 +37,24 @@ def _checkpoint_outputs(module, inputs, outputs):
     return outputs
 '''
 
+_SERIALIZE = '''
+
+class _SerializedForward:
+    """A projection's forward as `factor` matmuls over its output channels (optimum-graphcore's SerializedLinear)."""
+
+    def __init__(self, module, factor):
+        self.module, self.factor = module, factor
+
+    def __call__(self, *args):
+        poptorch = _poptorch()
+        module = self.module
+        # A stateless linear (model.make_stateless()) is called (weight, hidden_states); torch.nn.Linear (hidden_states).
+        weight, hidden = args if getattr(module, "takes_shared_weight", False) else (module.weight, *args)
+        output = poptorch.serializedMatMul(hidden, weight.t(), poptorch.MatMulSerializationMode.OutputChannels,
+                                           self.factor)
+        return output if module.bias is None else output + module.bias
+'''
+
 
 def module_expression(name: str, root: str = "model") -> str:
     """``encoder.block.3`` -> ``model.encoder.block[3]``; names Python cannot spell go through get_submodule."""
@@ -64,6 +82,15 @@ def _summary(placement: Placement) -> list[str]:
     for weight, found in placement.shared.items():
         users = ", ".join(placement.units[i].name for i in found)
         lines.append(f"{weight} is used by {users}: all on IPU {placement.unit_ipus()[found[0]]}.")
+    lines.append(f"In optimum-graphcore's terms: layers_per_ipu {placement.layers_per_ipu()}.")
+    if config.training:
+        lines += ["", "The per-IPU memory check assumed this training setup:"]
+        if config.half_precision:
+            lines.append("model.half() (float16 weights and activations);")
+        first = "float16" if placement.memory.first_order_bytes == 2 else "float32"
+        lines += [f"poptorch.optim.AdamW(..., accum_type=torch.{first}, first_order_momentum_accum_type=torch.{first},",
+                  "second_order_momentum_accum_type=torch.float32), as optimum-graphcore's trainer builds it;",
+                  "the options file's optimizer-state location; and this module's checkpoints and serialization."]
     lines += ['"""', ""]
     return lines
 
@@ -76,6 +103,8 @@ def render(placement: Placement, command: str) -> str:
              "from __future__ import annotations", "", "import torch", _HELPERS.rstrip("\n")]
     if placement.recompute:
         lines.append(_CHECKPOINT.rstrip("\n"))
+    if placement.serialized is not None:
+        lines.append(_SERIALIZE.rstrip("\n"))
     lines += ["", "", "def parallelize(model: torch.nn.Module) -> torch.nn.Module:",
               '    """Annotate ``model`` in place for PopTorch (blocks in execution order) and return it."""',
               "    poptorch = _poptorch()"]
@@ -101,14 +130,23 @@ def render(placement: Placement, command: str) -> str:
         lines.append("    # Recomputation checkpoints")
         lines += [f"    {module_expression(name)}.register_forward_hook(_checkpoint_outputs)"
                   for name in placement.recompute]
+    if placement.serialized is not None:
+        factor = placement.config.embedding_serialization_factor
+        projection = module_expression(placement.serialized)
+        lines += [f"    # The vocabulary projection as {factor} serialized matmuls (embedding_serialization_factor)",
+                  f"    {projection}.forward = _SerializedForward({projection}, {factor})"]
     lines += ["    return model", "", "",
               "def deparallelize(model: torch.nn.Module) -> torch.nn.Module:",
               '    """Remove what parallelize() added."""',
               "    _poptorch().removeBlocks(model)"]
+    if placement.recompute or placement.serialized is not None:
+        lines.append("    for module in model.modules():")
     if placement.recompute:
-        lines += ["    for module in model.modules():",
-                  "        for key in [k for k, hook in module._forward_hooks.items() if hook is _checkpoint_outputs]:",
+        lines += ["        for key in [k for k, hook in module._forward_hooks.items() if hook is _checkpoint_outputs]:",
                   "            del module._forward_hooks[key]"]
+    if placement.serialized is not None:
+        lines += ["        if isinstance(module.__dict__.get('forward'), _SerializedForward):",
+                  "            del module.forward"]
     lines.append("    return model")
     return "\n".join(lines) + "\n"
 

@@ -9,24 +9,30 @@ so the options file and the programmatic ``poptorch.Options`` cannot drift.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from converter.atomic import write_atomic
+from partitioning.files import read_json_object
 from partitioning.ipu.errors import IPUError, require_poptorch
+from partitioning.plan import PlanError
 
 OUTPUT_MODES = {"all": "All", "sum": "Sum", "final": "Final", "default": "Default"}
 INFERENCE_EXECUTIONS = ("sharded", "pipelined")
+_MAX_CONFIG_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
 class Ref:
-    """``poptorch.<path>``, called with ``args`` when ``called``: an option value named, not built."""
+    """``poptorch.<path>``, called with ``args`` when ``called``, then ``.method(*args)`` for each of ``chain``:
+    an option value named, not built."""
 
     path: str
     args: tuple[Any, ...] = ()
     called: bool = False
+    chain: tuple[tuple[str, tuple[Any, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,15 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _show(value: Any) -> str:
+    """A config value as JSON spells it, cut short: what the user wrote."""
+    try:
+        text = json.dumps(list(value) if isinstance(value, tuple) else value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 @dataclass(frozen=True)
 class IPUConfig:
     """How to run a placement: replication, batching, precision, memory, execution strategy.
@@ -48,7 +63,10 @@ class IPUConfig:
     ``None`` for ``ipus_per_replica``, ``gradient_accumulation`` or
     ``device_iterations`` means "derive from the placement": the plan's IPU
     count and the least value PopTorch accepts for the pipeline (see
-    :func:`partitioning.ipu.placement.place`).
+    :func:`partitioning.ipu.placement.place`).  ``micro_batch_size`` is the
+    micro-batch the plan is costed for (``None``: whatever the plan says).
+    The precision, optimizer and serialization fields are what the memory
+    model (:mod:`partitioning.ipu.memory`) assumes about training.
     """
 
     training: bool = True
@@ -56,14 +74,21 @@ class IPUConfig:
     replication_factor: int = 1
     device_iterations: int | None = None
     gradient_accumulation: int | None = None
-    # Proportion of each IPU's memory matmuls and convolutions may use for temporaries; one value or one per IPU.
+    micro_batch_size: int | None = None
+    # Proportion of each IPU's memory matmuls and convolutions may use for temporaries (a cap PopLibs plans
+    # within, not a reservation); one value or one per IPU.
     available_memory_proportion: float | tuple[float, ...] = 0.6
     recompute_every_layer: bool = False  # checkpoint every layer's outputs but the last of each layer list
     recompute_checkpoints: tuple[str, ...] = ()  # plan block names whose outputs are checkpointed
     output_mode: str = "default"
     executable_cache_dir: str | None = None
+    half_precision: bool = True  # weights and activations in float16 (model.half()), as optimum-graphcore trains
     enable_half_partials: bool = False
-    stochastic_rounding: bool = False
+    enable_half_first_order_momentum: bool = True  # the optimizer's first moment (and accumulators) in float16
+    optimizer_state_offchip: bool = False  # optimizer state in streaming memory instead of on chip
+    replicated_tensor_sharding: bool = False  # optimizer state sharded across replicas (with replication > 1)
+    embedding_serialization_factor: int = 1  # the vocabulary projection as this many serialized matmuls
+    stochastic_rounding: bool = True  # optimum-graphcore enables it for every training run
     layers_per_ipu: tuple[int, ...] | None = None  # manual layout overriding the plan's stages; -1: share the rest
     auto_round_num_ipus: bool = False
     inference_execution: str = "sharded"  # or "pipelined"
@@ -79,52 +104,66 @@ class IPUConfig:
         self._check()
 
     def _check(self) -> None:
-        for name in ("training", "recompute_every_layer", "enable_half_partials", "stochastic_rounding",
-                     "auto_round_num_ipus", "rebalance_shared"):
+        for name in ("training", "recompute_every_layer", "half_precision", "enable_half_partials",
+                     "enable_half_first_order_momentum", "optimizer_state_offchip", "replicated_tensor_sharding",
+                     "stochastic_rounding", "auto_round_num_ipus", "rebalance_shared"):
             if not isinstance(getattr(self, name), bool):
                 raise IPUError(f"IPU config: {name} must be true or false, got {getattr(self, name)!r}")
-        for name in ("ipus_per_replica", "replication_factor", "device_iterations", "gradient_accumulation"):
+        for name in ("ipus_per_replica", "replication_factor", "device_iterations", "gradient_accumulation",
+                     "micro_batch_size", "embedding_serialization_factor"):
             value = getattr(self, name)
             if value is not None and not (_is_int(value) and value >= 1):
                 raise IPUError(f"IPU config: {name} must be a positive integer, got {value!r}")
+        if self.replication_factor is None or self.embedding_serialization_factor is None:
+            raise IPUError("IPU config: replication_factor and embedding_serialization_factor must be positive "
+                           "integers, got null")
         proportions = self.available_memory_proportion
-        for value in proportions if isinstance(proportions, tuple) else (proportions,):
+        values = proportions if isinstance(proportions, tuple) else (proportions,)
+        for value in values or (None,):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-                raise IPUError(f"IPU config: available_memory_proportion values must be in (0, 1], got {value!r}")
-        if self.output_mode not in OUTPUT_MODES:
-            raise IPUError(f"IPU config: output_mode {self.output_mode!r} is not one of {', '.join(OUTPUT_MODES)}")
-        if self.inference_execution not in INFERENCE_EXECUTIONS:
-            raise IPUError(f"IPU config: inference_execution {self.inference_execution!r} is not one of "
-                           f"{', '.join(INFERENCE_EXECUTIONS)}")
-        if not all(isinstance(name, str) for name in self.recompute_checkpoints):
-            raise IPUError("IPU config: recompute_checkpoints must list block names")
+                raise IPUError(f"IPU config: available_memory_proportion must be a number in (0, 1] or a list of "
+                               f"them, got {_show(proportions)}")
+        for name, choices in (("output_mode", OUTPUT_MODES), ("inference_execution", INFERENCE_EXECUTIONS)):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in choices:
+                raise IPUError(f"IPU config: {name} must be one of {', '.join(choices)}, got {_show(value)}")
+        names = self.recompute_checkpoints
+        if not isinstance(names, tuple) or not all(isinstance(name, str) for name in names):
+            hint = f" (one block: [{_show(names)}])" if isinstance(names, str) else ""
+            raise IPUError(f"IPU config: recompute_checkpoints must be a list of block names, got {_show(names)}"
+                           f"{hint}")
         if self.executable_cache_dir is not None and not isinstance(self.executable_cache_dir, str):
-            raise IPUError("IPU config: executable_cache_dir must be a path string")
-        if self.layers_per_ipu is not None and not (
-                self.layers_per_ipu and all(_is_int(n) and n >= -1 for n in self.layers_per_ipu)):
-            raise IPUError(f"IPU config: layers_per_ipu must list layer counts >= 0 or -1 (wildcard), "
-                           f"got {list(self.layers_per_ipu)}")
+            raise IPUError(f"IPU config: executable_cache_dir must be a path string, got "
+                           f"{_show(self.executable_cache_dir)}")
+        counts = self.layers_per_ipu
+        if counts is not None and not (isinstance(counts, tuple) and counts
+                                       and all(_is_int(n) and n >= -1 for n in counts)):
+            raise IPUError(f"IPU config: layers_per_ipu must list layer counts >= 0 or -1 (wildcard), got "
+                           f"{_show(counts)}")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "IPU config") -> IPUConfig:
+    def from_dict(cls, data: Mapping[str, Any], source: str = "IPU config",
+                  defaults: Mapping[str, Any] | None = None) -> IPUConfig:
+        """The config ``data`` sets, the rest from ``defaults`` (a family's ``[ipu]`` section) and the fields'."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise IPUError(f"{source}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
-        return cls(**data)
+        try:
+            return cls(**{**(defaults or {}), **data})
+        except IPUError as exc:
+            raise IPUError(str(exc).replace("IPU config", source, 1)) from None
 
     @classmethod
-    def load(cls, path: Path) -> IPUConfig:
-        """An IPU config from a JSON object of the fields above."""
+    def load(cls, path: Path, defaults: Mapping[str, Any] | None = None) -> IPUConfig:
+        """An IPU config from a JSON object of the fields above (read capped), over ``defaults``."""
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise IPUError(f"cannot read IPU config {path}: {exc.strerror or exc}") from None
-        except ValueError as exc:
-            raise IPUError(f"IPU config {path} is not JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise IPUError(f"IPU config {path} must be a JSON object of settings")
-        return cls.from_dict(data, f"IPU config {path}")
+            data = read_json_object(path, "IPU config", _MAX_CONFIG_BYTES)
+        except IPUError:
+            raise
+        except PlanError as exc:
+            raise IPUError(str(exc)) from None
+        return cls.from_dict(data, f"IPU config {path}", defaults)
 
     @property
     def pipelined(self) -> bool:
@@ -159,6 +198,11 @@ class IPUConfig:
         ]
         if self.training:  # PopTorch: Training options must not be set for inference models
             calls.append(("Training.gradientAccumulation", (self.gradient_accumulation,)))
+            # Where the optimizer state lives, as optimum-graphcore sets it (sharding needs replicas to shard over).
+            location = Ref("TensorLocationSettings", called=True, chain=(
+                ("useOnChipStorage", (not self.optimizer_state_offchip,)),
+                ("useReplicatedTensorSharding", (self.replicated_tensor_sharding and self.replication_factor > 1,))))
+            calls.append(("TensorLocations.setOptimizerLocation", (location,)))
         calls += [
             # AutoIncrement: a fresh pipeline stage per block, so returning to IPU 0 for the LM head is legal.
             ("setExecutionStrategy", (Ref(strategy, (auto,), called=True),)),
@@ -168,7 +212,7 @@ class IPUConfig:
         ]
         if self.executable_cache_dir:
             calls.append(("enableExecutableCaching", (self.executable_cache_dir,)))
-        calls.append(("Precision.enableStochasticRounding", (self.stochastic_rounding,)))
+        calls.append(("Precision.enableStochasticRounding", (self.stochastic_rounding and self.training,)))
         if self.enable_half_partials:
             calls.append(("Precision.setPartialsType", (TorchDtype("float16"),)))
         return calls
@@ -207,7 +251,11 @@ def _resolve(value: Any, poptorch: Any) -> Any:
         target = poptorch
         for part in value.path.split("."):
             target = getattr(target, part)
-        return target(*(_resolve(arg, poptorch) for arg in value.args)) if value.called else target
+        if value.called:
+            target = target(*(_resolve(arg, poptorch) for arg in value.args))
+        for method, args in value.chain:
+            target = getattr(target, method)(*(_resolve(arg, poptorch) for arg in args))
+        return target
     if isinstance(value, TorchDtype):
         import torch  # only real options need it; planning and the options file do not
 
@@ -217,8 +265,10 @@ def _resolve(value: Any, poptorch: Any) -> Any:
 
 def _render(value: Any) -> str:
     if isinstance(value, Ref):
-        name = f"poptorch.{value.path}"
-        return f"{name}({', '.join(_render(arg) for arg in value.args)})" if value.called else name
+        text = f"poptorch.{value.path}"
+        if value.called:
+            text += f"({', '.join(_render(arg) for arg in value.args)})"
+        return text + "".join(f".{method}({', '.join(_render(arg) for arg in args)})" for method, args in value.chain)
     if isinstance(value, TorchDtype):
         return f'__import__("torch").{value.name}'
     return repr(value)  # bool, int, float, str and dicts of them read back as the same value

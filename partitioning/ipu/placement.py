@@ -16,14 +16,17 @@ raise the gradient accumulation PopTorch requires (2N-1 for N stages).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from partitioning.ipu.config import IPUConfig
-from partitioning.ipu.costs import IPU_MEMORY_BYTES, block_shares, memory_budget, rebalance, restage
+from partitioning.ipu.costs import block_shares, rebalance, restage
 from partitioning.ipu.errors import IPUError
 from partitioning.ipu.layers import count_layers, expand_layers_per_ipu, manual_stages, recompute_blocks
+from partitioning.ipu.memory import (IPU_MEMORY_BYTES, TERM_FIXES, TERM_NAMES, MemoryModel, MemoryTerms, Projection,
+                                     StageLoad)
 from partitioning.ipu.roles import Roles
-from partitioning.plan import Block, Plan, Stage
+from partitioning.plan import Block, Plan, PlanError, Stage
 
 
 @dataclass(frozen=True)
@@ -69,10 +72,13 @@ class PipelineStage:
 class IPUCost:
     ipu: int
     compute: float  # seconds per micro-batch, as placed
-    memory_bytes: float
     stage_compute: float  # the stage placed on this IPU, before the shared-weight rule moves users in or out
-    stage_memory_bytes: float
-    budget_bytes: float
+    memory: MemoryTerms  # what the IPU holds, by term (partitioning.ipu.memory)
+    budget_bytes: float = IPU_MEMORY_BYTES
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory.total
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,8 @@ class Placement:
     recompute: tuple[str, ...]  # modules whose outputs are recomputation checkpoints
     shared: dict[str, tuple[int, ...]]  # shared weight -> the units using it
     num_layers: int
+    memory: MemoryModel
+    serialized: str | None = None  # the vocabulary projection, run as embedding_serialization_factor matmuls
 
     @property
     def ipus(self) -> int:
@@ -142,18 +150,46 @@ class Placement:
                 started.add(annotation.user_id)
         return visits
 
+    def stage_loads(self) -> list[list[StageLoad]]:
+        """Per IPU, the pipeline stages it runs: their numbers, blocks and the bytes each receives."""
+        stage_of = {user_id: stage.index for stage in self.pipeline() for user_id in stage.user_ids}
+        by_name = {block.name: block for block in self.plan.blocks}
+        loads: dict[int, tuple[int, list[Block], int]] = {}
+        previous: Block | None = None
+        for unit, annotation in zip(self.units, self.in_effect()):
+            if unit.block is None:
+                continue
+            block = by_name[unit.block]
+            index = stage_of[annotation.user_id] if annotation else 0
+            if index not in loads:
+                loads[index] = (annotation.ipu if annotation else 0, [], previous.out_bytes if previous else 0)
+            loads[index][1].append(block)
+            previous = block
+        per_ipu: list[list[StageLoad]] = [[] for _ in range(self.ipus)]
+        for index, (ipu, blocks, received) in sorted(loads.items()):
+            per_ipu[ipu].append(StageLoad(index, tuple(blocks), received))
+        return per_ipu
+
     def ipu_costs(self) -> list[IPUCost]:
         shares = block_shares(self.plan)
         compute = [0.0] * self.ipus
-        memory = [0.0] * self.ipus
         for unit, ipu in zip(self.units, self.unit_ipus()):
             if unit.block is not None:
                 compute[ipu] += shares[unit.block].seconds
-                memory[ipu] += shares[unit.block].memory_bytes
-        proportions = self.config.memory_proportions(self.ipus)
-        return [IPUCost(ipu, compute[ipu], memory[ipu], stage.compute, stage.memory_bytes,
-                        memory_budget(proportions[ipu]) if ipu < len(proportions) else 0.0)
-                for ipu, stage in enumerate(self.stages)]
+        proportions = _proportions(self.config, self.ipus)
+        n = self.pipeline_stages
+        return [IPUCost(ipu, compute[ipu], stage.compute, self.memory.terms(loads, n, proportions[ipu]))
+                for ipu, (stage, loads) in enumerate(zip(self.stages, self.stage_loads()))]
+
+    def layers_per_ipu(self) -> list[int]:
+        """The placement in optimum-graphcore's ``layers_per_ipu`` form: the layers each IPU runs."""
+        counts = [0] * self.ipus
+        layer_lists = self.roles.layer_lists if self.roles else ()
+        by_name = {block.name: block for block in self.plan.blocks}
+        for unit, ipu in zip(self.units, self.unit_ipus()):
+            if unit.block is not None:
+                counts[ipu] += count_layers([by_name[unit.block]], layer_lists)
+        return counts
 
     @property
     def bottleneck(self) -> float:
@@ -173,10 +209,6 @@ def place(plan: Plan, config: IPUConfig, roles: Roles | None = None) -> Placemen
     """The annotations that run ``plan`` on IPUs under PopTorch (unchecked: see :func:`validate`)."""
     plan.validate()
     layer_lists = roles.layer_lists if roles else ()
-    stages = _stages(plan, config, roles)
-    units = _units(plan, stages, roles)
-    shared = _shared_units(plan, roles, units)
-    annotations = _annotate(units, shared, roles)
     by_name = {block.name: block for block in plan.blocks}
     names = list(config.recompute_checkpoints)
     if config.recompute_every_layer:
@@ -185,11 +217,45 @@ def place(plan: Plan, config: IPUConfig, roles: Roles | None = None) -> Placemen
     if unknown:
         raise IPUError(f"recompute_checkpoints names unknown block {unknown[0]!r} (blocks: "
                        f"{', '.join(by_name)})")
-    # A block's output is what its last module returns.
-    recompute = tuple(dict.fromkeys(_module_of(roles, by_name[name].modules[-1]) for name in names))
-    draft = Placement(plan, config, roles, tuple(stages), tuple(units), tuple(annotations), recompute, shared,
-                      count_layers(plan.blocks, layer_lists))
+    memory = _memory_model(plan, config, roles, names)
+    stages = _stages(plan, config, roles, memory)
+    draft = _draft(plan, config, roles, stages, names, memory)
     return replace(draft, config=config.resolved(len(stages), draft.pipeline_stages))
+
+
+def _draft(plan: Plan, config: IPUConfig, roles: Roles | None, stages: Sequence[Stage], checkpoints: Sequence[str],
+           memory: MemoryModel) -> Placement:
+    by_name = {block.name: block for block in plan.blocks}
+    units = _units(plan, list(stages), roles)
+    shared = _shared_units(plan, roles, units)
+    annotations = _annotate(units, shared, roles)
+    # A block's output is what its last module returns.
+    recompute = tuple(dict.fromkeys(_module_of(roles, by_name[name].modules[-1]) for name in checkpoints))
+    serialized = None
+    if memory.projection is not None and config.embedding_serialization_factor > 1 and roles is not None:
+        serialized = _module_of(roles, roles.projection)
+    return Placement(plan, config, roles, tuple(stages), tuple(units), tuple(annotations), recompute, shared,
+                     count_layers(plan.blocks, roles.layer_lists if roles else ()), memory, serialized)
+
+
+def _memory_model(plan: Plan, config: IPUConfig, roles: Roles | None, checkpoints: Sequence[str]) -> MemoryModel:
+    states = plan.settings.get("optimizer_states", 2)
+    if isinstance(states, bool) or not isinstance(states, int) or states < 0:
+        raise PlanError(f"not a plan file: settings.optimizer_states must be an integer >= 0, got {states!r}")
+    projection = None
+    if roles is not None and roles.projection is not None:
+        block = next((b for b in plan.blocks if roles.projection in (_module_of(roles, m) for m in b.modules)), None)
+        if block is not None:
+            sizes = plan.model.get("shared_bytes")
+            sizes = sizes if isinstance(sizes, dict) else {}
+            tied = [sizes[name] for name in block.shared if isinstance(sizes.get(name), int)]
+            projection = Projection(block.name, sum(tied) if tied else block.param_bytes)
+    return MemoryModel(config, states, frozenset(checkpoints), projection)
+
+
+def _proportions(config: IPUConfig, ipus: int) -> tuple[float, ...]:
+    proportions = config.memory_proportions(ipus)
+    return proportions if len(proportions) == ipus else (min(proportions),) * ipus  # a wrong count: _check_lists
 
 
 def plan_ipu(plan: Plan, config: IPUConfig, roles: Roles | None = None) -> Placement:
@@ -203,16 +269,34 @@ def _module_of(roles: Roles | None, name: str) -> str:
     return roles.module_of(name) if roles else name
 
 
-def _stages(plan: Plan, config: IPUConfig, roles: Roles | None) -> list[Stage]:
+def _stages(plan: Plan, config: IPUConfig, roles: Roles | None, memory: MemoryModel) -> list[Stage]:
     if config.layers_per_ipu is not None:
         if roles is None:
             raise IPUError("layers_per_ipu needs the model family's layer lists: give the family")
         return restage(plan, manual_stages(plan.blocks, config.layers_per_ipu, roles.layer_lists))
     users = [group for group in _consumer_blocks(plan, roles).values() if len(group) > 1]
-    proportions = config.memory_proportions(len(plan.stages))
-    if config.rebalance_shared and users and len(proportions) == len(plan.stages):
-        return restage(plan, rebalance(plan, [memory_budget(p) for p in proportions], users))
-    return list(plan.stages)
+    ipus = len(plan.stages)
+    if not (config.rebalance_shared and users):
+        return list(plan.stages)
+    # Searching splits, a group's pipeline stage is taken as its IPU's number in a pipeline as long as the plan's
+    # own placement makes: never fewer micro-batches in flight than the final placement, so a split found here
+    # fits; validate() then checks the placement exactly.
+    try:
+        n = _draft(plan, config, roles, plan.stages, (), memory).pipeline_stages
+    except IPUError:
+        n = 2 * ipus - 1
+    by_name = {block.name: block for block in plan.blocks}
+    proportions = _proportions(config, ipus)
+
+    def fits(ipu: int, group: Sequence[str], moved_in: Sequence[str]) -> bool:
+        first = plan.blocks.index(by_name[group[0]]) if group else 0
+        received = plan.blocks[first - 1].out_bytes if first else 0
+        loads = [StageLoad(ipu, tuple(by_name[name] for name in group), received)]
+        loads += [StageLoad(ipu, (by_name[name],), plan.blocks[plan.blocks.index(by_name[name]) - 1].out_bytes)
+                  for name in moved_in]
+        return memory.terms(loads, n, proportions[ipu]).total <= IPU_MEMORY_BYTES
+
+    return restage(plan, rebalance(plan, ipus, users, fits))
 
 
 def _uses(block: Block, weight: str, roles: Roles | None) -> bool:
@@ -396,8 +480,10 @@ def _check_memory(placement: Placement) -> None:
     if not over:
         return
     cost = max(over, key=lambda c: c.memory_bytes - c.budget_bytes)  # name the worst of them
-    proportion = placement.config.memory_proportions(placement.ipus)[cost.ipu]
-    raise IPUError(f"IPU {cost.ipu} needs {cost.memory_bytes / 1e6:.1f} MB but a Mk2 IPU keeps "
-                   f"{cost.budget_bytes / 1e6:.1f} MB for weights and activations ({IPU_MEMORY_BYTES / 1e6:.0f} MB "
-                   f"less the {proportion:g} available_memory_proportion for matmul temporaries); {len(over)} of "
-                   f"{placement.ipus} IPUs are over: use more IPUs, a smaller micro-batch, or a lower proportion")
+    term, size = cost.memory.largest()
+    terms = ", ".join(f"{TERM_NAMES[name]} {getattr(cost.memory, name) / 1e6:.1f}"
+                      for name in TERM_NAMES if getattr(cost.memory, name) >= 0.05e6)
+    raise IPUError(f"IPU {cost.ipu} needs {cost.memory_bytes / 1e6:.1f} MB but a Mk2 IPU has "
+                   f"{cost.budget_bytes / 1e6:.1f} MB; the largest term is {TERM_NAMES[term]} ({size / 1e6:.1f} MB; "
+                   f"all in MB: {terms}); {len(over)} of {placement.ipus} IPUs are over: {TERM_FIXES[term]}, "
+                   f"or use more IPUs")

@@ -35,6 +35,7 @@ class Roles:
     shared: dict[str, tuple[str, ...]] = field(default_factory=dict)  # weight -> module objects that use it
     same_module: dict[str, str] = field(default_factory=dict)  # a name the plan may use -> the object in this form
     call_sites: dict[str, str] = field(default_factory=dict)  # a call no block lists -> the module it runs before
+    projection: str | None = None  # the vocabulary projection (the shared weight's tied linear, tied or not)
 
     def module_of(self, name: str) -> str:
         return self.same_module.get(name, name)
@@ -48,6 +49,10 @@ def derive_roles(definition: FamilyDefinition, class_name: str, config: Mapping[
     same_module: dict[str, str] = {}
     call_sites: dict[str, str] = {}
     for weight in weights:
+        flag = weight.tied_config
+        if flag is not None and not isinstance(config.get(flag, True), bool):
+            raise IPUError(f"the plan's config.{flag} must be true or false, got {config[flag]!r}: re-plan, or fix "
+                           f"the plan file")
         head = (weight.tied_linear,) if weight.tied_linear and weight.tied(config) else ()
         if stateless:
             shared[weight.weight] = (*weight.users, *head)
@@ -62,14 +67,16 @@ def derive_roles(definition: FamilyDefinition, class_name: str, config: Mapping[
             if 0 < index < len(starts) - 1:
                 call_sites[user] = starts[index + 1]
     layer_lists = definition.layer_lists(class_name)
+    projection = next((weight.tied_linear for weight in weights if weight.tied_linear), None)
     if not weights:
         return Roles("plain", None, "re-plan for this model", layer_lists, call_sites=call_sites)
     if stateless:
-        return Roles("stateless", weights[0].weight, STATELESS_HINT, layer_lists, shared, same_module, call_sites)
+        return Roles("stateless", weights[0].weight, STATELESS_HINT, layer_lists, shared, same_module, call_sites,
+                     projection)
     # The holder's own weight: the stateless form replaces or removes the holder (nested, as in a base model,
     # or the holder itself a user, as GPT-2's wte is), so only the stateful form has this parameter.
     return Roles("stateful", f"{weights[0].module}.weight", STATEFUL_HINT, layer_lists, shared, same_module,
-                 call_sites)
+                 call_sites, projection)
 
 
 def roles_for(family: str, class_name: str | None, config: Mapping[str, Any], stateless: bool) -> Roles:
@@ -78,6 +85,8 @@ def roles_for(family: str, class_name: str | None, config: Mapping[str, Any], st
         known = definitions()
     except PlanError as exc:
         raise IPUError(str(exc)) from None
+    if not isinstance(config, Mapping):
+        raise IPUError(f"the plan's model.config must be a JSON object, got {config!r:.40}")
     if family not in known:
         raise IPUError(f"the IPU target knows no family {family!r} (known: {', '.join(sorted(known))})")
     definition = known[family]
