@@ -84,10 +84,13 @@ def test_diff_shows_original_to_generated(tmp_path: Path, capsys: pytest.Capture
 def test_list_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--list"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert [line.split(":")[0] for line in lines] == ["bart", "gpt2", "t5"]
-    assert lines[0].startswith("bart: transformers transformers/models/bart/modeling_bart.py")
-    assert lines[1].startswith("gpt2: transformers transformers/models/gpt2/modeling_gpt2.py")
-    assert lines[2].startswith("t5: transformers transformers/models/t5/modeling_t5.py")
+    from converter.recipes import load_recipes
+
+    families = [line.split(":")[0] for line in lines]
+    assert families == sorted(load_recipes()) and {"bart", "bert", "gpt2", "roberta", "t5"} <= set(families)
+    for line in lines:
+        family = line.split(":")[0]
+        assert line.startswith(f"{family}: transformers transformers/models/{family}/modeling_{family}.py")
     assert all(line.endswith("versions known to work: 4.5.1") for line in lines)
 
 
@@ -228,9 +231,12 @@ def assert_rejected(args: list[str], out: Path, capsys: pytest.CaptureFixture[st
 
 
 def test_unknown_family(out_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from converter.recipes import load_recipes
+
     line = assert_rejected(["nosuch", "--version", "4.5.1", "--output-dir", str(out_dir)], out_dir, capsys,
                            "unknown model family 'nosuch'")
-    assert "known families: bart, gpt2, t5" in line
+    assert line.endswith(f"known families: {', '.join(sorted(load_recipes()))}")
+    assert {"t5", "gpt2", "bert", "roberta", "bart"} <= set(load_recipes())
 
 
 @pytest.mark.parametrize("version", ["4.5.x", "../4.5.1", "", "4.5.1; rm -rf /", "4.5.1/../../x"])

@@ -51,7 +51,7 @@ def test_the_t5_recipe_loads_with_typed_options() -> None:
 def test_misspelled_top_level_key() -> None:
     assert error_of(HEAD + 'clases = ["Toy"]\n') == (
         "recipe toy.toml: clases: unknown key (did you mean classes?); "
-        "known: family, package, source, classes, support, versions, transforms, model, pipeline, shapes")
+        "known: family, package, source, classes, support, versions, transforms, model, pipeline, shapes, ipu")
 
 
 def test_misspelled_option_key() -> None:

@@ -3,6 +3,7 @@
 from transforms.absolute_imports import AbsoluteImports
 from transforms.base import Transform
 from transforms.buffer_slices import BufferSlices
+from transforms.chunked_forward import ChunkedForward
 from transforms.copy_definitions import CopyDefinitions
 from transforms.dropout_module import DropoutModule
 from transforms.finfo_values import FinfoValues
@@ -39,6 +40,7 @@ REGISTRY: dict[str, type[Transform]] = {
     "layer_drop": LayerDropLoop,
     "torch_assert": TorchAssert,
     "buffer_slices": BufferSlices,
+    "chunked_forward": ChunkedForward,
     "sym_numbers": SymNumbers,
     "none_checks": NoneChecks,
 }

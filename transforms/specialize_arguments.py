@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.codemod import CodemodContext
 
+from transforms.analysis.callees import Callees
 from transforms.analysis.facts import Fact, rewrite_facts
 from transforms.analysis.folding import Known
 from transforms.analysis.literals import is_constant
@@ -65,6 +66,8 @@ class SpecializeOptions:
     constants: dict[str, str]  # parameter name -> the literal it is fixed to
     pure_methods: tuple[str, ...] = ()  # methods whose unused results may be dropped with their call
     facts: tuple[FactOptions, ...] = ()
+    # Only the methods of these top-level classes (default: every function of the module).
+    classes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name, text in self.constants.items():
@@ -115,8 +118,18 @@ class SpecializeArguments(Transform):
         def forward(self, x, layer_head_mask):      # before
         def forward(self, x):                       # after
 
+    The same holds for a call on a submodule whose class ``__init__`` names
+    (``self.attention(h, mask, head_mask)`` with ``self.attention =
+    BertAttention(config)``) or on the items of a ``ModuleList`` in a layer loop
+    (:mod:`transforms.analysis.callees`).
+
     ``pure_methods`` names methods whose calls may be dropped when their
-    result is unused (e.g. ``get_head_mask``).
+    result is unused (e.g. ``get_head_mask``).  ``classes`` limits the step to
+    the methods of some classes (an encoder-only head's cross-attention inputs,
+    which its base model keeps): only they lose the parameters, calls into them
+    lose the arguments, and inside them a read of a parameter becomes its
+    constant, so a call passing it on to an unlimited callee passes the
+    constant (``encoder_hidden_states=None``).
     """
 
     DESCRIPTION = "fix recipe arguments to constants, fold and drop what they guard"
@@ -132,15 +145,19 @@ class SpecializeArguments(Transform):
         self._imported: set[str] = set()
         self._fact_readers: set[int] = set()
         self._positional: dict[int, list[bool]] = {}  # id of a local call -> which of its arguments stay
+        self._scope: set[int] | None = None  # ids of the methods a limited step rewrites
 
     def focus(self) -> Iterable[cst.CSTNode]:
         """Functions with a parameter to fix or a name a fact reads, and calls passing a fixed keyword."""
         index = self.index
+        self._scope = self._scoped_functions()
+        self._positional = self._positional_drops()
         found: list[cst.CSTNode] = [
             call for call in index.nodes(cst.Call)
-            if any(arg.keyword is not None and arg.keyword.value in self.constants for arg in call.args)]
+            if any(arg.keyword is not None and arg.keyword.value in self.constants for arg in call.args)
+            and (self._scope is None or id(call) in self._positional)]
         for function in index.nodes(cst.FunctionDef):
-            if self._fixed(function):
+            if self._in_scope(function) and self._fixed(function):
                 found.append(function)
         # Functions reading every name of some fact: only there can a fact apply.
         readers: dict[str, set[int]] = {}
@@ -150,16 +167,31 @@ class SpecializeArguments(Transform):
                     id(f) for read in scope.reads[name] for f in index.ancestors(read) if isinstance(f, cst.FunctionDef))
         self._fact_readers = set().union(*(set.intersection(*(readers.get(n, set()) for n in fact.names))
                                            for fact in self.facts if fact.names))
+        self._fact_readers = {f for f in self._fact_readers if self._scope is None or f in self._scope}
         found.extend(f for f in index.nodes(cst.FunctionDef) if id(f) in self._fact_readers)
-        self._positional = self._positional_drops()
         found.extend(call for call in index.nodes(cst.Call) if id(call) in self._positional)
         return found
 
     def _fixed(self, function: cst.FunctionDef) -> set[str]:
         """The parameters of ``function`` that the specialization removes (see the class docstring)."""
+        if not self._in_scope(function):
+            return set()
         nested = any(isinstance(node, cst.FunctionDef) for node in self.index.ancestors(function))
         return {p.name.value for p in all_params(function.params)
                 if p.name.value in self.constants and (p.default is not None or not nested)}
+
+    def _scoped_functions(self) -> set[int] | None:
+        """The ids of the methods of the ``classes`` option's classes; None when the step is not limited."""
+        if not self.options.classes:
+            return None
+        classes = {s.name.value: s for s in self.module.body if isinstance(s, cst.ClassDef)}
+        missing = [name for name in self.options.classes if name not in classes]
+        if missing:
+            raise TransformError(f"no class {', '.join(missing)} in the module")
+        return {id(method) for name in self.options.classes for _, method, _ in methods(classes[name])}
+
+    def _in_scope(self, function: cst.FunctionDef) -> bool:
+        return self._scope is None or id(function) in self._scope
 
     def _kept_positions(self, function: cst.FunctionDef, method: bool) -> list[bool] | None:
         """Per positional parameter (a method's receiver left out), whether it stays; None if none goes."""
@@ -172,17 +204,20 @@ class SpecializeArguments(Transform):
         """The local calls passing a removed parameter positionally, with the arguments they keep."""
         functions: dict[tuple[str | None, str], list[bool]] = {}
         for statement in self.module.body:
-            if isinstance(statement, cst.FunctionDef):
+            if isinstance(statement, cst.FunctionDef) and self._scope is None:
                 keep = self._kept_positions(statement, method=False)
                 if keep is not None:
                     functions[(None, statement.name.value)] = keep
             elif isinstance(statement, cst.ClassDef):
                 for _, method, _ in methods(statement):
+                    if not self._in_scope(method):
+                        continue
                     keep = self._kept_positions(method, method=True)
                     if keep is not None:
                         functions[(statement.name.value, method.name.value)] = keep
         if not functions:
             return {}
+        self._callees = Callees(self.index)
         drops: dict[int, list[bool]] = {}
         for call in self.index.nodes(cst.Call):
             key = self._local_callee(call)
@@ -205,24 +240,31 @@ class SpecializeArguments(Transform):
                     positional += 1
                 else:
                     keep_args.append(True)
-            if not all(keep_args):
+            if not all(keep_args) or (self._scope is not None and any(
+                    arg.keyword is not None and arg.keyword.value in self.constants for arg in call.args)):
                 drops[id(call)] = keep_args
         return drops
 
     def _local_callee(self, call: cst.Call) -> tuple[str | None, str] | None:
-        """``(class, method)`` for ``self.method(...)`` in a method of that class, ``(None, f)`` for ``f(...)``."""
+        """``(class, method)`` for ``self.method(...)`` in a method of that class, ``(None, f)`` for ``f(...)``,
+        ``(K, "forward")`` for a call on a submodule or a layer-loop item of file class ``K``
+        (:mod:`transforms.analysis.callees`)."""
         func = call.func
+        submodule = self._callees.submodule_class(call)
+        if submodule is not None:
+            owner = self._callees.method_owner(submodule, "forward")
+            return (owner, "forward") if owner is not None else None
         if isinstance(func, cst.Name):
             found = self.index.lookup(self.index.scope_of(func), func.value)
             return (None, func.value) if found is self.index.root else None
         if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)):
             return None
         method = self.index.enclosing(call, cst.FunctionDef)
-        owner = self.index.parent(method) if method is not None else None
-        owner = self.index.parent(owner) if isinstance(owner, cst.IndentedBlock) else owner
-        if method is None or not isinstance(owner, cst.ClassDef) or receiver(method) != func.value.value:
+        holder = self.index.parent(method) if method is not None else None
+        holder = self.index.parent(holder) if isinstance(holder, cst.IndentedBlock) else holder
+        if method is None or not isinstance(holder, cst.ClassDef) or receiver(method) != func.value.value:
             return None
-        return owner.name.value, func.attr.value
+        return holder.name.value, func.attr.value
 
     def visit_Module(self, node: cst.Module) -> None:
         # Only "is the callee an imported name?" matters here, and the module's
@@ -233,6 +275,8 @@ class SpecializeArguments(Transform):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         keep = [not (arg.keyword is not None and arg.keyword.value in self.constants) for arg in updated_node.args]
         positional = self._positional.get(id(original_node))
+        if self._scope is not None and positional is None:
+            return updated_node  # a limited step drops arguments only where its own methods are called
         if positional is not None:
             keep = [a and b for a, b in zip(keep, positional)]
         if all(keep) or root_name(original_node.func, through_calls=True) in self._imported:
@@ -272,6 +316,8 @@ class SpecializeArguments(Transform):
         assert isinstance(original_node.body, cst.IndentedBlock)
         statements = liveness.remove_dead(statements, liveness.live(original_node.body.body))
         statements = self._bind_at_entry(statements, [name for name in specialized if name in folder.observed])
+        if not self._in_scope(original_node):
+            return updated_node.with_changes(body=indented(statements, updated_node.body))
         positional, star, kwonly = _without(params.params, fixed), params.star_arg, _without(params.kwonly_params, fixed)
         if isinstance(star, cst.ParamStar) and not kwonly:  # a bare `*` needs a keyword-only parameter after it
             star = cst.MaybeSentinel.DEFAULT
