@@ -42,6 +42,9 @@ class Family:
     # (config, batch size, seed) -> a training batch of the default class (masks with padding, ignored labels)
     train_batch: Callable[[Any, int, int], Inputs] | None = None
     train_lengths: dict[str, int] = field(default_factory=dict)  # the sequence lengths train_batch makes
+    # the inputs the shared embedding embeds, each a use of the shared weight (GPT-2 embeds token types with wte;
+    # BERT has an embedding of its own for them)
+    embedded_inputs: tuple[str, ...] = ("input_ids", "token_type_ids", "decoder_input_ids")
 
     @property
     def model_family(self) -> ModelFamily:

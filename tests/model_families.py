@@ -6,7 +6,9 @@ import torch
 
 import t5_models
 from bart_models import BART
+from bert_models import BERT
 from gpt2_models import GPT2
+from roberta_models import ROBERTA
 from model_checks import Family, Inputs
 
 T5_SOURCE, T5_TARGET = 7, 5
@@ -42,6 +44,6 @@ T5 = Family("t5", "4.5.1", t5_models.stock, t5_models.generated, t5_models.confi
             lengths={"source": 9, "target": 4}, train_batch=t5_train_batch,
             train_lengths={"source": T5_SOURCE, "target": T5_TARGET})
 
-FAMILIES: dict[str, Family] = {"t5": T5, "gpt2": GPT2, "bart": BART}
+FAMILIES: dict[str, Family] = {"t5": T5, "gpt2": GPT2, "bert": BERT, "roberta": ROBERTA, "bart": BART}
 # The families the generic model tests (test_model_*.py) run on.
-GENERIC = [GPT2, BART]
+GENERIC = [GPT2, BERT, ROBERTA, BART]

@@ -69,7 +69,8 @@ def run_case(family: Family, case: str, out: Path) -> None:
     rank, last = dist.get_rank(), dist.get_rank() == len(plan.stages) - 1
 
     local = {name.removeprefix("model."): p for name, p in run.module.named_parameters()}
-    reference_parameters = dict(reference.named_parameters())
+    # every name of a parameter: BERT's MLM decoder bias is its head's bias too, and a stage names it by its use
+    reference_parameters = dict(reference.named_parameters(remove_duplicate=False))
     optimizer = torch.optim.Adam(run.module.parameters(), lr=1e-2, foreach=False)
     reference_optimizer = torch.optim.Adam(reference.parameters(), lr=1e-2, foreach=False)
     problems: list[str] = []

@@ -91,10 +91,12 @@ def test_list_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert lines["t5"] == ("t5: transformers transformers/models/t5/modeling_t5.py; verified releases: "
                            + ", ".join(v[1:].replace("_", ".") for v in verified)
                            + "; any other release converts unverified, with a warning")
-    assert lines["bart"] == ("bart: transformers transformers/models/bart/modeling_bart.py; verified releases: 4.5.1; "
-                             "any other release converts unverified, with a warning")
-    assert lines["gpt2"] == ("gpt2: transformers transformers/models/gpt2/modeling_gpt2.py; verified releases: 4.5.1; "
-                             "any other release converts unverified, with a warning")
+    for family in ("bart", "bert", "gpt2", "roberta"):
+        assert lines[family] == (f"{family}: transformers transformers/models/{family}/modeling_{family}.py; "
+                                 "verified releases: 4.5.1; any other release converts unverified, with a warning")
+    from converter.recipes import load_recipes
+
+    assert sorted(lines) == sorted(load_recipes())
 
 
 def test_an_unverified_release_converts_with_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -260,9 +262,12 @@ def assert_rejected(args: list[str], out: Path, capsys: pytest.CaptureFixture[st
 
 
 def test_unknown_family(out_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from converter.recipes import load_recipes
+
     line = assert_rejected(["nosuch", "--version", "4.5.1", "--output-dir", str(out_dir)], out_dir, capsys,
                            "unknown model family 'nosuch'")
-    assert "known families: bart, gpt2, t5" in line
+    assert line.endswith(f"known families: {', '.join(sorted(load_recipes()))}")
+    assert {"t5", "gpt2", "bert", "roberta", "bart"} <= set(load_recipes())
 
 
 @pytest.mark.parametrize("version", ["4.5.x", "../4.5.1", "", "4.5.1; rm -rf /", "4.5.1/../../x"])

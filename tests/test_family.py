@@ -422,7 +422,7 @@ EXPECTED = {
 
 # Families with a recipe: the docs show their family sections as they are (tested below), and their chains are
 # checked against the generated classes (a recipe's chain may list modules the converter adds, e.g. loss_fct).
-RECIPES = {"t5": "T5", "gpt2": "GPT-2"}
+RECIPES = {"t5": "T5", "gpt2": "GPT-2", "bert": "BERT", "roberta": "RoBERTa"}
 
 
 def recipe_sections(name: str) -> dict:

@@ -21,6 +21,8 @@ from torch import nn
 import bart_models
 import ftpipe_standin
 import stateless
+from model_checks import Family as ModelFamily
+from model_families import BERT, GPT2, ROBERTA
 from t5_models import call_kwargs, config, generated, inputs
 
 
@@ -44,6 +46,19 @@ def _bart_model(class_name: str, config_name: str) -> nn.Module:
     return getattr(bart_models.generated, class_name)(bart_models.config(config_name))
 
 
+def _generic(family: ModelFamily, configs: tuple[str, ...], calls: tuple[tuple[str, str], ...]) -> Family:
+    """A row for a family of tests/model_families.py: its generated module, configurations and inputs."""
+    def build(class_name: str, config_name: str) -> nn.Module:
+        torch.manual_seed(0)
+        return getattr(family.generated, class_name)(family.make_config(config_name))
+
+    def call_inputs(class_name: str, path: str, seed: int) -> dict[str, Any]:
+        return family.call_kwargs(class_name, family.make_inputs(True, seed=seed), path)
+
+    return Family(module=family.generated, configs=configs, build=build, calls=calls, call_inputs=call_inputs,
+                  shared_weight="shared_embed_weight")
+
+
 FAMILIES = {
     "t5": Family(
         module=generated,
@@ -64,10 +79,24 @@ FAMILIES = {
             class_name, bart_models.inputs(True, seed=seed), path),
         shared_weight="shared_embed_weight",
     ),
+    # no cross-attention configuration: the calls take no encoder hidden states
+    "gpt2": _generic(GPT2, ("1layer-tied", "2layer-untied"), tuple(GPT2.cases())),
+    # tied and untied heads, relative positions; token type and position ids on the token-types path
+    "bert": _generic(BERT, ("2layer-relative-key-query", "2layer-untied-relu"), tuple(BERT.cases())),
+    "roberta": _generic(ROBERTA, ("2layer-relative-key-query", "2layer-untied-relu"), tuple(ROBERTA.cases())),
 }
 
+# KNOWN GAP: a base class in stateless form owns the shared weight itself, and its forward reads
+# ``self.dtype`` (ModuleUtilsMixin: the first of ``self.parameters()``); the tracer wraps a non-leaf module's own
+# parameters and a wrapper is unhashable, so ``parameters()`` fails.  The heads keep the weight above the base
+# model and trace.  Strict: a fix makes these cases fail until the mark is removed.
+_OWN_WEIGHT_READS_DTYPE = pytest.mark.xfail(raises=TypeError, strict=True,
+                                            reason="self.dtype over the tracer's wrapped own parameters")
+_BASE_CLASSES = {"GPT2Model", "BertModel", "RobertaModel"}
+
 CASES = [
-    pytest.param(family, class_name, path, config_name, form, id=f"{family}-{class_name}-{path}-{config_name}-{form}")
+    pytest.param(family, class_name, path, config_name, form, id=f"{family}-{class_name}-{path}-{config_name}-{form}",
+                 marks=[_OWN_WEIGHT_READS_DTYPE] if form == "stateless" and class_name in _BASE_CLASSES else [])
     for family, spec in FAMILIES.items()
     for class_name, path in spec.calls
     for config_name in spec.configs
@@ -104,7 +133,9 @@ def test_ftpipe_trace_runs_like_eager(family: str, class_name: str, path: str, c
         holders = [i for i, node in enumerate(graph.nodes) if node.kind == "parameter" and node.target is weight]
         layers = [m for m in model.modules() if getattr(m, "takes_shared_weight", False)]
         assert len(holders) == 1
-        assert len(graph.consumers(holders[0])) == len(layers) >= 1
+        # each layer consumes it, once per call (GPT-2 embeds token types with the shared embedding too)
+        consumers = graph.consumers(holders[0])
+        assert {id(node.target) for node in consumers} == {id(layer) for layer in layers} and len(layers) >= 1
 
 
 # -- the stand-in itself: the semantics the cases above rely on ------------------------------------------------

@@ -95,6 +95,10 @@ def test_ipus_and_the_config_must_agree(tmp_path: Path, plan_file: Path, capsys:
 
 def test_a_family_without_ipu_roles_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plan = t5_plan(t5("stateless"), 4, "stateless")
-    plan.model["family"] = "nosuch"  # a family no recipe defines (bert will be one)
+    plan.model["family"] = "nosuch"  # a family no recipe defines
     assert run_ipu(parse("nosuch", "--ipu-code", str(tmp_path / "c.py")), plan) == 2
-    assert "the IPU target knows no family 'nosuch' (known: bart, gpt2, t5" in capsys.readouterr().err
+    from partitioning.family import definitions
+
+    known = ", ".join(sorted(definitions()))
+    assert f"the IPU target knows no family 'nosuch' (known: {known})" in capsys.readouterr().err
+    assert {"t5", "gpt2", "bert", "roberta", "bart"} <= set(definitions())

@@ -115,7 +115,7 @@ def test_fx_trace_has_one_shared_weight_input_used_by_every_consumer(family: Fam
     graph = fx_trace(converted.eval(), kwargs).graph
     weight = family.model_family.definition.shared[class_name][0]
     # Every embedding call (GPT-2 embeds token types with wte too) and the tied head.
-    embedding_calls = sum(1 for name in ("input_ids", "token_type_ids", "decoder_input_ids") if name in kwargs)
+    embedding_calls = sum(1 for name in family.embedded_inputs if name in kwargs)
     expected = embedding_calls + tied(family, class_name, config_name)
     assert shared_weight_uses(graph, weight.weight) == expected
     stock_key = family.shared_key(class_name)

@@ -1,7 +1,8 @@
 """Pipelined training on torch.distributed.pipelining equals single-process training (torchrun, gloo, CPU).
 
 Each launch runs several cases of one family in one process group (see pipelining_worker.py): a tiny
-generated model (T5, GPT-2, BART) with tied or untied embeddings, a plan, GPipe or 1F1B, 3 Adam steps.  Per micro-batch losses, every
+generated model (T5, GPT-2, BERT, RoBERTa, BART) with tied or untied embeddings, a plan, GPipe or 1F1B, 3 Adam
+steps.  Per micro-batch losses, every
 gradient (the tied weight's after the backend's sync) and the weights after the steps must be
 torch.equal to the reference, and every replica of the tied weight identical.
 
@@ -134,8 +135,26 @@ BART_TWO_RANKS: dict[str, tuple[dict | None, dict]] = {
     "2layer-untied:1f1b:2:model.decoder.layers.1": ({}, {1: ["model.decoder"]}),
     "1layer-tied:1f1b:2:optimal": (None, {}),  # the partitioner's own plan
 }
+# BertForPreTraining: embeddings, bert.encoder.layer.N, pooler, cls (the tied MLM decoder with its own bias).
+# Configurations whose every parameter gets a gradient (relative positions leave the absolute position table
+# unused; cross-attention without encoder states its layers).
+BERT_TWO_RANKS: dict[str, dict | None] = {
+    "1layer-tied:gpipe:2:bert.encoder.layer.0": {"shared_embed_weight": [0, 1]},
+    "1layer-tied:1f1b:4:cls": {"shared_embed_weight": [0, 1]},  # the heads alone on stage 1
+    "2layer-untied-relu:1f1b:2:pooler": {},  # untied: nothing shared across stages
+    "1layer-tied:gpipe:3:optimal": None,
+}
+# RobertaForMaskedLM: embeddings (position ids made from input_ids), roberta.encoder.layer.N, lm_head.
+ROBERTA_TWO_RANKS: dict[str, dict | None] = {
+    "1layer-tied:1f1b:2:roberta.encoder.layer.0": {"shared_embed_weight": [0, 1]},
+    "1layer-tied:gpipe:4:lm_head": {"shared_embed_weight": [0, 1]},
+    "2layer-untied-relu:gpipe:2:roberta.encoder.layer.1": {},
+}
+# The other families: nothing replayed (no position bias to recompute instead of send).
 FAMILY_CASES = {("t5", 2): TWO_RANKS, ("t5", 3): THREE_RANKS, ("gpt2", 2): GPT2_TWO_RANKS,
-                ("gpt2", 3): GPT2_THREE_RANKS, ("bart", 2): BART_TWO_RANKS}
+                ("gpt2", 3): GPT2_THREE_RANKS, ("bart", 2): BART_TWO_RANKS,
+                ("bert", 2): {case: (tied, {}) for case, tied in BERT_TWO_RANKS.items()},
+                ("roberta", 2): {case: (tied, {}) for case, tied in ROBERTA_TWO_RANKS.items()}}
 
 
 @pytest.mark.parametrize("family,ranks", list(FAMILY_CASES), ids=[f"{f}-{r}ranks" for f, r in FAMILY_CASES])
@@ -169,7 +188,7 @@ def test_pipeline_run_needs_torchrun() -> None:
         PipelineRun(T5.build("T5ForConditionalGeneration", cfg), plan, {}, micro_batches=2, schedule="gpipe")
 
 
-@pytest.mark.parametrize("family", ["t5", "gpt2", "bart"])
+@pytest.mark.parametrize("family", ["t5", "gpt2", "bert", "roberta", "bart"])
 def test_partition_model_run_trains_the_plan_under_torchrun(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                             family: str) -> None:
     from model_families import FAMILIES

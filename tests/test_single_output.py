@@ -1,6 +1,8 @@
 import pytest
 
 from transform_helpers import assert_rewrites, assert_unchanged, run
+from transforms.base import TransformError
+from transforms.options import OptionError
 from transforms.single_output import SingleOutput
 
 RETURNS = {"returns": {"LM": "loss if labels is not None else logits", "Encoder": "outputs[0]"}}
@@ -128,3 +130,63 @@ class Head(Pre):
 """
     with pytest.raises(TransformError, match=message):
         run(SingleOutput, code, returns={}, items={"Head": {"self.transformer": 0}})
+
+
+NESTED = {"returns": {"Base": "seq", "Heads": "self.cls(seq, pooled)"},
+          "nested": {"Base": {"returns": "(seq, pooled)", "callers": {"Heads": "self.bert"}}}}
+
+
+def test_a_base_model_returns_more_to_the_callers_that_ask_for_it() -> None:
+    assert_rewrites(SingleOutput, """\
+        class Base(Pre):
+            def forward(self, x, return_dict=None):
+                seq = self.h(x)
+                pooled = self.pool(seq)
+                return Output(last_hidden_state=seq, pooler_output=pooled)
+
+
+        class Heads(Pre):
+            def forward(self, x, labels=None):
+                outputs = self.bert(x)
+                seq, pooled = outputs[:2]
+                return Out(self.cls(seq, pooled))
+        """, """\
+        class Base(Pre):
+            def forward(self, x, return_dict=None, return_tuple=None):
+                seq = self.h(x)
+                pooled = self.pool(seq)
+                return (seq, pooled) if return_tuple else seq
+
+
+        class Heads(Pre):
+            def forward(self, x, labels=None):
+                outputs = self.bert(x, return_tuple=True)
+                seq, pooled = outputs[:2]
+                return self.cls(seq, pooled)
+        """, **NESTED)
+
+
+def test_the_flag_is_keyword_only_after_star_args() -> None:
+    result = run(SingleOutput, "class Base:\n    def forward(self, *args, x=None):\n        return Output(x)\n",
+                 returns={"Base": "x"}, nested={"Base": {"returns": "(x, x)", "callers": {"Heads": "self.bert"}}})
+    assert "def forward(self, *args, x=None, return_tuple=None):" in result
+    assert "return (x, x) if return_tuple else x" in result
+
+
+def test_a_caller_without_the_named_call_is_an_error() -> None:
+    with pytest.raises(TransformError, match="Heads.forward has no call of self.bert"):
+        run(SingleOutput, "class Heads:\n    def forward(self, x):\n        seq, pooled = self.roberta(x)\n"
+                          "        return seq\n", **NESTED)
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"returns": {}, "nested": {"Base": {"returns": "x", "callers": {"H": "self.b"}}}}, "no single value in returns"),
+    ({"returns": {"Base": "x"}, "nested": {"Base": {"returns": "x", "callers": {}}}}, "name at least one calling"),
+    ({"returns": {"Base": "x"}, "nested": {"Base": {"returns": "(x,", "callers": {"H": "self.b"}}}},
+     "is not an expression"),
+    ({"returns": {"Base": "x"}, "items": {"H": {"self.b": 0}},
+      "nested": {"Base": {"returns": "x", "callers": {"H": "self.b"}}}}, "is read as one item"),
+])
+def test_nested_options_are_checked_at_load(options: dict, message: str) -> None:
+    with pytest.raises(OptionError, match=message):
+        run(SingleOutput, "x = 1\n", **options)

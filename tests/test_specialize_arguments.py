@@ -574,3 +574,101 @@ def test_a_fact_check_must_be_an_expression() -> None:
     with pytest.raises(OptionError, match="facts.\\[0\\].check|facts\\[0\\].check"):
         run(SpecializeArguments, "x = 1\n", constants={},
             facts=[{"expression": "a", "value": "False", "check": "not ("}])
+
+
+LAYERS = """\
+    from torch import nn
+
+
+    class Attention(nn.Module):
+        def forward(self, h, mask=None, encoder_hidden_states=None):
+            if encoder_hidden_states is not None:
+                h = h + encoder_hidden_states
+            return h
+
+
+    class Layer(nn.Module):
+        def __init__(self, config):
+            self.attention = Attention(config)
+            self.crossattention = Attention(config) if config.add_cross_attention else None
+
+        def forward(self, h, mask=None, encoder_hidden_states=None):
+            h = self.attention(h, mask)
+            if encoder_hidden_states is not None:
+                h = self.crossattention(h, mask, encoder_hidden_states)
+            return h
+
+
+    class Encoder(nn.Module):
+        def __init__(self, config):
+            self.layer = nn.ModuleList([Layer(config) for _ in range(config.n)])
+
+        def forward(self, h, mask=None, encoder_hidden_states=None):
+            for i, layer_module in enumerate(self.layer):
+                h = layer_module(h, mask, encoder_hidden_states)
+            return h
+
+
+    class MaskedLM(nn.Module):
+        def forward(self, x, encoder_hidden_states=None):
+            return self.encoder(x, None, encoder_hidden_states=encoder_hidden_states)
+    """
+CROSS = {"constants": {"encoder_hidden_states": "None"}}
+
+
+def test_positional_arguments_are_dropped_at_submodule_and_layer_loop_calls() -> None:
+    rewrites(LAYERS, """\
+        from torch import nn
+
+
+        class Attention(nn.Module):
+            def forward(self, h, mask=None):
+                return h
+
+
+        class Layer(nn.Module):
+            def __init__(self, config):
+                self.attention = Attention(config)
+                self.crossattention = Attention(config) if config.add_cross_attention else None
+
+            def forward(self, h, mask=None):
+                h = self.attention(h, mask)
+                return h
+
+
+        class Encoder(nn.Module):
+            def __init__(self, config):
+                self.layer = nn.ModuleList([Layer(config) for _ in range(config.n)])
+
+            def forward(self, h, mask=None):
+                for i, layer_module in enumerate(self.layer):
+                    h = layer_module(h, mask)
+                return h
+
+
+        class MaskedLM(nn.Module):
+            def forward(self, x):
+                return self.encoder(x, None)
+        """, **CROSS)
+
+
+def test_a_step_limited_to_some_classes_passes_the_constant_to_the_others() -> None:
+    after = dedent(LAYERS).replace(dedent("""\
+    class MaskedLM(nn.Module):
+        def forward(self, x, encoder_hidden_states=None):
+            return self.encoder(x, None, encoder_hidden_states=encoder_hidden_states)
+    """), dedent("""\
+    class MaskedLM(nn.Module):
+        def forward(self, x):
+            return self.encoder(x, None, encoder_hidden_states=None)
+    """))
+    assert after != dedent(LAYERS)
+    rewrites(LAYERS, after, classes=("MaskedLM",), **CROSS)
+
+
+def test_a_submodule_whose_class_is_not_certain_keeps_its_arguments() -> None:
+    code = LAYERS.replace("self.attention = Attention(config)",
+                          "self.attention = Attention(config) if config.a else Other(config)")
+    result = run(SpecializeArguments, code, **CROSS)
+    assert "h = self.attention(h, mask)" in result  # two arguments were passed: nothing to drop
+    assert "h = layer_module(h, mask)" in result

@@ -3,6 +3,7 @@
 from transforms.absolute_imports import AbsoluteImports
 from transforms.base import Transform
 from transforms.buffer_slices import BufferSlices
+from transforms.chunked_forward import ChunkedForward
 from transforms.copy_definitions import CopyDefinitions
 from transforms.drop_decorators import DropDecorators
 from transforms.dropout_module import DropoutModule
@@ -51,6 +52,7 @@ REGISTRY: dict[str, type[Transform]] = {
     "layer_drop": LayerDropLoop,
     "torch_assert": TorchAssert,
     "buffer_slices": BufferSlices,
+    "chunked_forward": ChunkedForward,
     "sym_numbers": SymNumbers,
     "none_checks": NoneChecks,
 }

@@ -10,9 +10,9 @@ import libcst.matchers as m
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
-from transforms.analysis.names import bound_names, names_read
+from transforms.analysis.names import bound_names, names_outside, names_read
 from transforms.analysis.purity import is_pure
-from transforms.analysis.syntax import children, code_of
+from transforms.analysis.syntax import all_params, code_of
 from transforms.base import Transform
 from transforms.dropout_module import DEFAULT_MODULE_BASES
 from transforms.submodules import ClassFamily, InitSite, append_to_init, fresh_names, receiver
@@ -183,10 +183,11 @@ class LayerDropLoop(Transform):
         if not isinstance(branch.body, cst.IndentedBlock) and skip:
             return self._refuse(branch, "the branch is on one line")
         outside = {id(body[draw]), id(branch), *(id(statement) for statement in run)}
-        reads = _reads_outside(function, outside)
+        reads = names_outside(function.body, outside, names_read)
         if variable in reads or any(variable in names_read(statement) for statement in [*skip, *run]):
             return self._refuse(branch, f"`{variable}` is read elsewhere too")
-        state, problem = self._carried(skip, run, reads, _binds_outside(function, outside))
+        state, problem = self._carried(skip, run, reads, names_outside(function.body, outside, bound_names)
+                                     | {p.name.value for p in all_params(function.params, starred=True)})
         if state is None:
             return self._refuse(branch, problem)
         return _Idiom(draw, draw + 1, end, me, probability, state, layer)
@@ -264,7 +265,7 @@ class LayerDropLoop(Transform):
         if run:  # the function's body starts at its first statement, not at a blank line
             run[0] = run[0].with_changes(leading_lines=[line for line in run[0].leading_lines if line.comment])
         function = self._functions[-1]
-        taken = names_read(function) | bound_names(function.body) | {p.name.value for p in _params(function)}
+        taken = names_read(function) | bound_names(function.body) | {p.name.value for p in all_params(function.params, starred=True)}
         decision = next(name for name in fresh_names("dropped", "dropped") if name not in taken)
         layer = next(name for name in fresh_names("run_layer", "run_layer") if name not in taken)
         module, state = self.options.module, site.state
@@ -287,48 +288,3 @@ class LayerDropLoop(Transform):
         assert isinstance(line, cst.SimpleStatementLine)
         return append_to_init(updated_node, owner.site, [line])
 
-
-def _params(function: cst.FunctionDef) -> list[cst.Param]:
-    params = function.params
-    return [*params.posonly_params, *params.params, *params.kwonly_params,
-            *(p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param))]
-
-
-def _contains(node: cst.CSTNode, excluded: set[int]) -> bool:
-    pending = [node]
-    while pending:
-        current = pending.pop()
-        if id(current) in excluded:
-            return True
-        pending.extend(children(current))
-    return False
-
-
-def _reads_outside(function: cst.FunctionDef, excluded: set[int]) -> set[str]:
-    """The names ``function``'s body may read outside the subtrees ``excluded`` (conservative)."""
-    found: set[str] = set()
-    pending: list[cst.CSTNode] = [function.body]
-    while pending:
-        node = pending.pop()
-        if id(node) in excluded:
-            continue
-        if _contains(node, excluded):
-            pending.extend(children(node))
-        else:
-            found |= names_read(node)
-    return found
-
-
-def _binds_outside(function: cst.FunctionDef, excluded: set[int]) -> set[str]:
-    """The parameters of ``function`` and the names its body binds outside ``excluded``."""
-    found = {p.name.value for p in _params(function)}
-    pending: list[cst.CSTNode] = [function.body]
-    while pending:
-        node = pending.pop()
-        if id(node) in excluded:
-            continue
-        if _contains(node, excluded):
-            pending.extend(children(node))
-        else:
-            found |= bound_names(node)
-    return found

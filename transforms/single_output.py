@@ -10,9 +10,29 @@ from libcst.codemod import CodemodContext
 
 from transforms.analysis.liveness import Liveness
 from transforms.analysis.names import bound_names, names_read
-from transforms.analysis.syntax import all_params, children, dotted_name, indented
+from transforms.analysis.syntax import all_params, append_item, children, dotted_name, indented
 from transforms.base import Transform, TransformError
 from transforms.options import OptionError
+
+
+def _parsed(key: str, text: str) -> cst.BaseExpression:
+    try:
+        return cst.parse_expression(text)
+    except cst.ParserSyntaxError:
+        raise OptionError(key, f"{text!r} is not an expression") from None
+
+
+@dataclass(frozen=True)
+class NestedOptions:
+    """A class of ``returns`` that other classes call for more than its one value."""
+
+    returns: str  # what it returns to them: an expression over names its method binds
+    callers: dict[str, str]  # calling class -> the call in its method that asks for it (`self.bert`)
+
+    def __post_init__(self) -> None:
+        _parsed("returns", self.returns)
+        if not self.callers:
+            raise OptionError("callers", "name at least one calling class")
 
 
 @dataclass(frozen=True)
@@ -22,13 +42,21 @@ class SingleOutputOptions:
     # class name -> {call: index}: its method reads item `index` of what the call (`self.transformer`)
     # returned, and that call now returns that one item (a model of `returns` used inside another).
     items: dict[str, dict[str, int]] = field(default_factory=dict)
+    # class name -> what it returns to the classes that call it for more than one value (BERT's base model,
+    # whose pooled output the pre-training heads read); they pass `flag=True`.
+    nested: dict[str, NestedOptions] = field(default_factory=dict)
+    flag: str = "return_tuple"  # the keyword parameter that asks for the nested value
 
     def __post_init__(self) -> None:
         for name, text in self.returns.items():
-            try:
-                cst.parse_expression(text)
-            except cst.ParserSyntaxError:
-                raise OptionError(f"returns.{name}", f"{text!r} is not an expression") from None
+            _parsed(f"returns.{name}", text)
+        for name, spec in self.nested.items():
+            if name not in self.returns:
+                raise OptionError(f"nested.{name}", f"{name} has no single value in returns to nest")
+            for caller, call in spec.callers.items():
+                if call in self.items.get(caller, {}):
+                    raise OptionError(f"nested.{name}.callers.{caller}",
+                                      f"{call} is read as one item (items.{caller}) and asks for the nested value")
 
 
 class SingleOutput(Transform):
@@ -62,6 +90,17 @@ class SingleOutput(Transform):
         transformer_outputs = self.transformer(input_ids)   # after (items: "self.transformer" = 0)
         hidden_states = transformer_outputs
 
+    A model that other models call for more than its one value (BERT's
+    ``BertModel``, whose pooled output ``BertForPreTraining`` reads) gets a
+    keyword parameter, ``flag`` (default ``return_tuple``), that asks for the
+    value option ``nested`` names; the calling classes pass it.  A plain Python
+    flag: every tracer sees a constant::
+
+        def forward(self, input_ids):                        # after (nested: returns = "(seq, pooled)")
+            ...
+            return (seq, pooled) if return_tuple else seq    # forward(self, input_ids, return_tuple=None)
+        outputs = self.bert(input_ids, return_tuple=True)    # in the caller
+
     Run it before argument specialization, which then folds the branches and
     drops what only fed the old return values.
     """
@@ -76,14 +115,20 @@ class SingleOutput(Transform):
         self.returns = {cls: cst.parse_expression(text) for cls, text in self.options.returns.items()}
         self.method = self.options.method
         self._classes: list[str] = []
+        self._asks: dict[str, list[str]] = {}  # calling class -> its calls that ask for a nested value
+        for spec in self.options.nested.values():
+            for caller, call in spec.callers.items():
+                self._asks.setdefault(caller, []).append(call)
+
+    def _touches(self, name: str) -> bool:
+        return name in self.returns or name in self.options.items or name in self._asks
 
     def focus(self) -> Iterable[cst.CSTNode]:
-        return [cls for cls in self.module.body if isinstance(cls, cst.ClassDef)
-                and (cls.name.value in self.returns or cls.name.value in self.options.items)]
+        return [cls for cls in self.module.body if isinstance(cls, cst.ClassDef) and self._touches(cls.name.value)]
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         self._classes.append(node.name.value)
-        return node.name.value in self.returns or node.name.value in self.options.items
+        return self._touches(node.name.value)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         return False  # the returns are replaced from leave_FunctionDef
@@ -100,12 +145,63 @@ class SingleOutput(Transform):
         if not self._classes or updated_node.name.value != self.method:
             return updated_node
         value = self.returns.get(self._classes[-1])
+        nested = self.options.nested.get(self._classes[-1])
         if value is not None:
+            if nested is not None:
+                updated_node = self._with_flag(updated_node)
+                value = cst.IfExp(test=cst.Name(self.options.flag), body=cst.parse_expression(nested.returns),
+                                  orelse=value)
             updated_node = self._replace_returns(updated_node, value)
         items = self.options.items.get(self._classes[-1])
         if items:  # after the returns: the old ones read other items of the result
             updated_node = self._read_items(updated_node, items)
+        asks = self._asks.get(self._classes[-1])
+        if asks:
+            updated_node = self._ask(updated_node, asks)
         return updated_node
+
+    def _with_flag(self, function: cst.FunctionDef) -> cst.FunctionDef:
+        """``function`` taking ``flag=None`` last (keyword-only after ``*args``).
+
+        None, not False: tracing tools pass None for every optional input a call leaves out
+        (``concrete_args``), and a GraphModule asserts that value on every later call.
+        """
+        params, flag = function.params, self.options.flag
+        if flag in {p.name.value for p in all_params(params)}:
+            return function
+        new = cst.Param(cst.Name(flag), default=cst.Name("None"),
+                        equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+        if isinstance(params.star_arg, cst.Param) or params.kwonly_params or params.star_kwarg is not None:
+            if not isinstance(params.star_arg, cst.Param) and not params.kwonly_params:
+                raise TransformError(f"{self._classes[-1]}.{self.method} takes **kwargs only: "
+                                     f"no place for the {flag} parameter")
+            return function.with_changes(params=params.with_changes(
+                kwonly_params=append_item(params.kwonly_params, new)))
+        return function.with_changes(params=params.with_changes(params=append_item(params.params, new)))
+
+    def _ask(self, function: cst.FunctionDef, calls: list[str]) -> cst.FunctionDef:
+        """``function`` passing ``flag=True`` to each of ``calls``."""
+        found: set[str] = set()
+        flag = self.options.flag
+
+        class Asker(cst.CSTTransformer):
+            def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+                callee = dotted_name(updated_node.func)
+                if callee not in calls:
+                    return updated_node
+                found.add(callee)
+                if any(arg.keyword is not None and arg.keyword.value == flag for arg in updated_node.args):
+                    return updated_node
+                asked = cst.Arg(cst.Name("True"), keyword=cst.Name(flag),
+                                equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+                return updated_node.with_changes(args=append_item(updated_node.args, asked))
+
+        body = function.body.visit(Asker())
+        missing = sorted(set(calls) - found)
+        if missing:
+            raise TransformError(f"{self._classes[-1]}.{self.method} has no call of {', '.join(missing)}")
+        assert isinstance(body, cst.BaseSuite)
+        return function.with_changes(body=body)
 
     def _replace_returns(self, function: cst.FunctionDef, value: cst.BaseExpression) -> cst.FunctionDef:
         bound = {p.name.value for p in all_params(function.params)}

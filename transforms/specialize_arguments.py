@@ -20,6 +20,7 @@ from transforms.analysis.purity import is_pure
 from transforms.analysis.syntax import all_params, children, code_of, drop_items, indented, is_docstring, root_name
 from transforms.base import Transform, TransformError
 from transforms.options import OptionError
+from transforms.submodules import methods
 
 
 def _constant(key: str, text: str) -> cst.BaseExpression:
@@ -71,6 +72,8 @@ class SpecializeOptions:
     constants: dict[str, str]  # parameter name -> the literal it is fixed to
     pure_methods: tuple[str, ...] = ()  # methods whose unused results may be dropped with their call
     facts: tuple[FactOptions, ...] = ()
+    # Only the methods of these top-level classes (default: every function of the module).
+    classes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name, text in self.constants.items():
@@ -189,8 +192,18 @@ class SpecializeArguments(Transform):
         def forward(self, x, layer_head_mask):      # before
         def forward(self, x):                       # after
 
+    The same holds for a call on a submodule whose class ``__init__`` names
+    (``self.attention(h, mask, head_mask)`` with ``self.attention =
+    BertAttention(config)``) or on the items of a ``ModuleList`` in a layer loop
+    (:mod:`transforms.analysis.callees`).
+
     ``pure_methods`` names methods whose calls may be dropped when their
-    result is unused (e.g. ``get_head_mask``).
+    result is unused (e.g. ``get_head_mask``).  ``classes`` limits the step to
+    the methods of some classes (an encoder-only head's cross-attention inputs,
+    which its base model keeps): only they lose the parameters, calls into them
+    lose the arguments, and inside them a read of a parameter becomes its
+    constant, so a call passing it on to an unlimited callee passes the
+    constant (``encoder_hidden_states=None``).
     """
 
     DESCRIPTION = "fix recipe arguments to constants, fold and drop what they guard"
@@ -209,13 +222,15 @@ class SpecializeArguments(Transform):
         self._classes: frozenset[str] = frozenset()
         self._used_constants: set[str] = set()  # for the header: what this step specialized
         self._used_facts: set[int] = set()
+        self._scope: set[int] | None = None  # ids of the methods a limited step rewrites
 
     def focus(self) -> Iterable[cst.CSTNode]:
         """Functions with a parameter to fix or a name a fact reads, and calls passing a fixed argument."""
         index = self.index
+        self._scope = self._scoped_functions()
         found: list[cst.CSTNode] = list(self._plan_calls())
         for function in index.nodes(cst.FunctionDef):
-            if self._fixed(function):
+            if self._in_scope(function) and self._fixed(function):
                 found.append(function)
         # Functions reading every name of some fact: only there can a fact apply.
         readers: dict[str, set[int]] = {}
@@ -225,14 +240,30 @@ class SpecializeArguments(Transform):
                     id(f) for read in scope.reads[name] for f in index.ancestors(read) if isinstance(f, cst.FunctionDef))
         self._fact_readers = set().union(*(set.intersection(*(readers.get(n, set()) for n in fact.names))
                                            for fact in self.facts if fact.names))
+        self._fact_readers = {f for f in self._fact_readers if self._scope is None or f in self._scope}
         found.extend(f for f in index.nodes(cst.FunctionDef) if id(f) in self._fact_readers)
         return found
 
     def _fixed(self, function: cst.FunctionDef) -> set[str]:
         """The parameters of ``function`` that the specialization removes (see the class docstring)."""
+        if not self._in_scope(function):
+            return set()
         nested = any(isinstance(node, cst.FunctionDef) for node in self.index.ancestors(function))
         return {p.name.value for p in all_params(function.params)
                 if p.name.value in self.constants and (p.default is not None or not nested)}
+
+    def _scoped_functions(self) -> set[int] | None:
+        """The ids of the methods of the ``classes`` option's classes; None when the step is not limited."""
+        if not self.options.classes:
+            return None
+        classes = {s.name.value: s for s in self.module.body if isinstance(s, cst.ClassDef)}
+        missing = [name for name in self.options.classes if name not in classes]
+        if missing:
+            raise TransformError(f"no class {', '.join(missing)} in the module")
+        return {id(method) for name in self.options.classes for _, method, _ in methods(classes[name])}
+
+    def _in_scope(self, function: cst.FunctionDef) -> bool:
+        return self._scope is None or id(function) in self._scope
 
     def _plan_calls(self) -> list[cst.Call]:
         """The arguments to drop from calls of functions the module defines, by position and keyword.
@@ -299,6 +330,8 @@ class SpecializeArguments(Transform):
         drops = self._resolved.get(id(original_node))
         if drops is not None:
             keep = [position not in drops for position in range(len(updated_node.args))]
+        elif self._scope is not None:
+            return updated_node  # a limited step drops arguments only where its own methods are called
         else:
             keep = [not (arg.keyword is not None and arg.keyword.value in self.constants) for arg in updated_node.args]
             if root_name(original_node.func, through_calls=True) in self._imported:
@@ -351,6 +384,8 @@ class SpecializeArguments(Transform):
             folder.observed |= observed
             statements = liveness.remove_dead(statements, live_before)
         statements = self._bind_at_entry(statements, [name for name in specialized if name in folder.observed])
+        if not self._in_scope(original_node):
+            return updated_node.with_changes(body=indented(statements, updated_node.body))
         positional, star, kwonly = _without(params.params, fixed), params.star_arg, _without(params.kwonly_params, fixed)
         if isinstance(star, cst.ParamStar) and not kwonly:  # a bare `*` needs a keyword-only parameter after it
             star = cst.MaybeSentinel.DEFAULT

@@ -3,7 +3,9 @@
 Resolved: ``f(...)`` of a module-level function, ``C(...)`` of a module-level
 class (its ``__init__``), ``self.m(...)`` in a method of a class (``m`` looked
 up along the class and its bases defined in the module, depth first) and
-``C.m(...)``.  A lookup that reaches a base defined elsewhere, or a name the
+``C.m(...)``, and a call on a submodule or a layer-loop item, which runs the
+``forward`` of the file class ``__init__`` builds there
+(:mod:`transforms.analysis.submodule_calls`).  A lookup that reaches a base defined elsewhere, or a name the
 module rebinds, resolves to nothing: the callee may be another function.
 """
 
@@ -15,6 +17,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from transforms.analysis.scopes import ModuleIndex
+from transforms.analysis.submodule_calls import SubmoduleCalls
 from transforms.analysis.syntax import all_params
 
 _STATIC = m.Decorator(decorator=m.Name("staticmethod"))
@@ -56,8 +59,13 @@ class Callees:
         single = {name for name, nodes in definitions.items() if len(index.root.bindings.get(name, ())) == 1}
         self.classes = {n: d[0] for n, d in definitions.items() if n in single and isinstance(d[0], cst.ClassDef)}
         self.functions = {n: d[0] for n, d in definitions.items() if n in single and isinstance(d[0], cst.FunctionDef)}
+        self.submodules = SubmoduleCalls(index)
 
     def resolve(self, call: cst.Call) -> Callee | None:
+        submodule = self.submodules.submodule_class(call)
+        if submodule is not None:
+            forward = self.lookup(self.classes[submodule], "forward") if submodule in self.classes else None
+            return Callee(forward, 1) if forward is not None and _kind(forward) == "plain" else None
         func = call.func
         if isinstance(func, cst.Name):
             if self.index.lookup(self.index.scope_of(func), func.value) is not self.index.root:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import libcst as cst
 
@@ -59,6 +59,31 @@ def bound_names(node: cst.CSTNode) -> set[str]:
             names.add(code_of(current.name).split(".")[0])
         pending.extend(children(current))
     return names
+
+
+def names_outside(node: cst.CSTNode, excluded: set[int], names: Callable[[cst.CSTNode], set[str]]) -> set[str]:
+    """``names`` (``names_read`` or ``bound_names``) of ``node`` outside the subtrees whose ids are ``excluded``."""
+    found: set[str] = set()
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        if id(current) in excluded:
+            continue
+        if _contains(current, excluded):
+            pending.extend(children(current))
+        else:
+            found |= names(current)
+    return found
+
+
+def _contains(node: cst.CSTNode, excluded: set[int]) -> bool:
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        if id(current) in excluded:
+            return True
+        pending.extend(children(current))
+    return False
 
 
 def _add_targets(target: cst.CSTNode, names: set[str]) -> None:

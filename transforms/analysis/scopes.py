@@ -120,7 +120,7 @@ class ModuleIndex:
         names = set()
         for binding in found.bindings[root]:
             if isinstance(binding, (cst.Import, cst.ImportFrom)):
-                names.add(self._absolute(found.imports[root]) + tail)
+                names.add(self.absolute_module(found.imports[root]) + tail)
             else:
                 names.add(self._prefix(found) + dotted)
         return names
@@ -133,15 +133,12 @@ class ModuleIndex:
         reads = [read for inner in self._scopes_seeing(scope, name.value) for read in inner.reads[name.value]]
         return list(scope.bindings[name.value]), reads
 
-    def absolute_module(self, name: str) -> str:
-        """A module name as an import in this module writes it (``...modeling_utils``), made absolute."""
-        return self._absolute(name)
-
     # -- the walk ----------------------------------------------------------------------------------------
     def _scopes_seeing(self, scope: Scope, name: str) -> Iterator[Scope]:
         return (inner for inner in self.all_scopes if self.lookup(inner, name) is scope)
 
-    def _absolute(self, name: str) -> str:
+    def absolute_module(self, name: str) -> str:
+        """A module name as an import in this module writes it (``...modeling_utils``), made absolute."""
         dots = len(name) - len(name.lstrip("."))
         if not dots:
             return name
