@@ -9,9 +9,11 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.codemod.visitors import AddImportsVisitor
 
-from transforms.analysis.names import bound_names, imports_module
-from transforms.analysis.syntax import children, code_of, dotted_name
+from transforms.analysis.names import assigned_names, bound_names, imports_module, names_in_order
+from transforms.analysis.receivers import ReceiverChains
+from transforms.analysis.syntax import code_of, dotted_name
 from transforms.base import Transform
+from transforms.submodules import fresh_names
 
 # The dtypes a test may compare with (torch.<name>).
 _DTYPES = frozenset({
@@ -152,7 +154,7 @@ class DtypeBranchLeaf(Transform):
         if not reads:
             return None  # an isinstance test alone is no dtype branch
         parameters: dict[str, str] = {}  # code of the argument -> parameter name
-        chains = _ReceiverChains(receiver)
+        chains = ReceiverChains(receiver)
         node.visit(chains)
         if chains.other_use:
             return None  # the branch uses the instance for more than tensors' dtypes
@@ -164,11 +166,8 @@ class DtypeBranchLeaf(Transform):
             text = code_of(chain)
             if text not in parameters:
                 stem = "_".join(text.split(".")[1:])
-                fresh, count = stem, 0
-                while fresh in taken or fresh in parameters.values():
-                    count += 1
-                    fresh = f"{stem}_{count}"
-                parameters[text] = fresh
+                parameters[text] = next(n for n in fresh_names(stem, stem)
+                                        if n not in taken and n not in parameters.values())
         results = self._results(node, method)
         if results is None:
             return None
@@ -192,10 +191,7 @@ class DtypeBranchLeaf(Transform):
         name = self._functions.get(key)
         if name is None:
             stem = f"{owner.name.value}_{method.name.value}_dtype_branch"
-            name, count = stem, 0
-            while name in self._names:
-                count += 1
-                name = f"{stem}_{count}"
+            name = next(n for n in fresh_names(stem, stem) if n not in self._names)
             self._names.add(name)
             self._functions[key] = name
         function = template.with_changes(name=cst.Name(name))
@@ -215,7 +211,7 @@ class DtypeBranchLeaf(Transform):
         assigned: set[str] = set()
 
         def read(expression: cst.CSTNode) -> None:
-            for name in _names_in(expression):
+            for name in names_in_order(expression):
                 if name.value not in assigned and name.value not in inputs and self._is_local(name):
                     inputs.append(name.value)
 
@@ -232,7 +228,7 @@ class DtypeBranchLeaf(Transform):
         return inputs
 
     def _bound_before(self, name: str, node: cst.If) -> bool:
-        target = next(n for n in _name_nodes(node.body) if n.value == name)
+        target = next(n for n in assigned_names(node.body) if n.value == name)
         bindings, _ = self.index.local_uses(target)
         position = self.index.statement_position(node)
         return any(isinstance(b, cst.Param) or self.index.statement_position(b) < position for b in bindings)
@@ -241,7 +237,7 @@ class DtypeBranchLeaf(Transform):
         """The variables the branch sets that are read after it: outside it, not inside another branch setting them."""
         results = set()
         for target in sorted(bound_names(node.body)):
-            bindings = [b for b in _name_nodes(node.body) if b.value == target]
+            bindings = [b for b in assigned_names(node.body) if b.value == target]
             _, reads = self.index.local_uses(bindings[0]) if bindings else ([], [])
             for read in reads:
                 if any(a is node for a in self.index.ancestors(read)):
@@ -288,43 +284,6 @@ class DtypeBranchLeaf(Transform):
         return updated_node.with_changes(body=body)
 
 
-class _ReceiverChains(cst.CSTVisitor):
-    """Attribute chains on the receiver read for their dtype or an isinstance test; ``other_use``: any other use."""
-
-    def __init__(self, receiver: str) -> None:
-        self.receiver = receiver
-        self.chains: list[cst.BaseExpression] = []
-        self.other_use = False
-        self._allowed: set[int] = set()
-
-    def _chain(self, node: cst.BaseExpression) -> bool:
-        text = dotted_name(node)
-        return text is not None and text.split(".")[0] == self.receiver and "." in text
-
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-        if node.attr.value == "dtype" and self._chain(node.value):
-            self._take(node.value)
-            return False
-        return True
-
-    def visit_Call(self, node: cst.Call) -> bool:
-        if isinstance(node.func, cst.Name) and node.func.value == "isinstance" and node.args \
-                and self._chain(node.args[0].value):
-            self._take(node.args[0].value)
-            for arg in node.args[1:]:
-                arg.visit(self)
-            return False
-        return True
-
-    def visit_Name(self, node: cst.Name) -> None:
-        if node.value == self.receiver:
-            self.other_use = True
-
-    def _take(self, chain: cst.BaseExpression) -> None:
-        if not any(chain.deep_equals(c) for c in self.chains):
-            self.chains.append(chain)
-
-
 class _Renamer(cst.CSTTransformer):
     """Replace receiver chains (by their code) and local names by the function's parameter names."""
 
@@ -334,41 +293,3 @@ class _Renamer(cst.CSTTransformer):
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
         text = dotted_name(original_node)
         return self.names[text].deep_clone() if text in self.names else updated_node
-
-
-def _names_in(node: cst.CSTNode) -> list[cst.Name]:
-    """The names read in ``node``, in source order (first occurrence)."""
-    found: list[cst.Name] = []
-    seen: set[str] = set()
-
-    class Reads(cst.CSTVisitor):
-        def visit_Attribute(self, attribute: cst.Attribute) -> bool:
-            attribute.value.visit(self)
-            return False
-
-        def visit_Arg(self, arg: cst.Arg) -> bool:
-            arg.value.visit(self)
-            return False
-
-        def visit_AssignTarget(self, target: cst.AssignTarget) -> bool:
-            return False
-
-        def visit_Name(self, name: cst.Name) -> None:
-            if name.value not in seen and name.value not in ("True", "False", "None"):
-                seen.add(name.value)
-                found.append(name)
-
-    node.visit(Reads())
-    return found
-
-
-def _name_nodes(node: cst.CSTNode) -> list[cst.Name]:
-    """Names bound by the assignments in ``node``."""
-    found = []
-    pending = [node]
-    while pending:
-        current = pending.pop()
-        if isinstance(current, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign)) and isinstance(current.target, cst.Name):
-            found.append(current.target)
-        pending.extend(children(current))
-    return found

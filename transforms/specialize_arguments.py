@@ -4,148 +4,22 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 import libcst as cst
 from libcst.codemod import CodemodContext
 
 from transforms.analysis.callees import Callees
 from transforms.analysis.facts import Fact, rewrite_facts
+from transforms.analysis.flags import opaque_classes, settled_flags
 from transforms.analysis.folding import Known
-from transforms.analysis.literals import is_constant, literal_value
 from transforms.analysis.liveness import Liveness
-from transforms.analysis.names import bound_names, module_imports
+from transforms.analysis.names import module_imports
 from transforms.analysis.propagation import FunctionFolder, Unsupported
 from transforms.analysis.purity import is_pure
-from transforms.analysis.syntax import all_params, children, code_of, drop_items, indented, is_docstring, root_name
+from transforms.analysis.syntax import all_params, code_of, drop_items, indented, is_docstring, root_name
 from transforms.base import Transform, TransformError
-from transforms.options import OptionError
+from transforms.specialize_options import SpecializeOptions
 from transforms.submodules import methods
-
-
-def _constant(key: str, text: str) -> cst.BaseExpression:
-    try:
-        value = cst.parse_expression(text)
-    except cst.ParserSyntaxError:
-        value = None
-    if value is None or not is_constant(value):
-        raise OptionError(key, f"{text!r} is not a literal constant")
-    return value
-
-
-def _expression(key: str, text: str) -> cst.BaseExpression:
-    try:
-        return cst.parse_expression(text)
-    except cst.ParserSyntaxError:
-        raise OptionError(key, f"{text!r} is not an expression") from None
-
-
-@dataclass(frozen=True)
-class FactOptions:
-    expression: str
-    value: str
-    reason: str | None = None  # the guard's message; default: "assumed <expression> == <value>"
-    guard: bool = True  # false: no runtime check (the reason must then say why the fact holds)
-    # The condition the guard asserts, where the default form does not fit every tracer: a plain
-    # Python value (module state such as self.model_parallel) is best checked with `not`.
-    check: str | None = None
-
-    def __post_init__(self) -> None:
-        _expression("expression", self.expression)
-        _constant("value", self.value)
-        if self.check is not None:
-            _expression("check", self.check)
-        if not self.guard and not self.reason:
-            raise OptionError("reason", f"an unguarded fact ({self.expression}) needs the reason it holds")
-        if not self.guard and self.check is not None:
-            raise OptionError("check", f"an unguarded fact ({self.expression}) has no check")
-
-    def fact(self) -> Fact:
-        reason = self.reason if self.reason is not None else f"assumed {self.expression} == {self.value}"
-        check = cst.parse_expression(self.check) if self.check is not None else None
-        return Fact(cst.parse_expression(self.expression), cst.parse_expression(self.value), reason, check,
-                    guarded=self.guard)
-
-
-@dataclass(frozen=True)
-class SpecializeOptions:
-    constants: dict[str, str]  # parameter name -> the literal it is fixed to
-    pure_methods: tuple[str, ...] = ()  # methods whose unused results may be dropped with their call
-    facts: tuple[FactOptions, ...] = ()
-    # Only the methods of these top-level classes (default: every function of the module).
-    classes: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        for name, text in self.constants.items():
-            _constant(f"constants.{name}", text)
-
-
-def _opaque_classes(module: cst.Module, imports: dict[str, tuple[str, str | None]]) -> frozenset[str]:
-    """Dotted names of classes no literal constant is an instance of: the module's own classes and
-    capitalized names imported from third-party modules (``torch.Tensor``, ``transformers.cache_utils.Cache``).
-
-    Builtins and the modules defining abstract base classes a constant may belong to are left out.
-    """
-    classes = {s.name.value for s in module.body if isinstance(s, cst.ClassDef)}
-    for name, (source, imported) in imports.items():
-        if source.split(".")[0] in _ABC_MODULES:
-            continue
-        if imported is not None and imported[:1].isupper():
-            classes.add(name)
-        elif imported is None:  # import torch: torch.Tensor, ...
-            classes.add(f"{name}.Tensor")
-    return frozenset(classes)
-
-
-_ABC_MODULES = frozenset({"builtins", "typing", "typing_extensions", "numbers", "collections", "abc", "types"})
-
-
-def _settled_flags(statements: Sequence[cst.BaseStatement], original: Sequence[cst.BaseStatement],
-                   parameters: set[str]) -> set[str]:
-    """Flags folding left with one binding, a top-level ``name = True/False/None``, that had more before.
-
-    Such a flag (``return_legacy_cache = False`` whose ``= True`` branch folded away) holds that
-    constant wherever it is read after its assignment.  Numbers and strings stay: they are data.
-    """
-    before = _binding_counts(original)
-    after = _binding_counts(statements)
-    settled = set()
-    for statement in statements:
-        if not isinstance(statement, cst.SimpleStatementLine):
-            continue
-        for small in statement.body:
-            if isinstance(small, cst.Assign) and len(small.targets) == 1 \
-                    and isinstance(small.targets[0].target, cst.Name) and _is_flag(small.value):
-                name = small.targets[0].target.value
-                if name not in parameters and after.get(name) == 1 and before.get(name, 0) > 1:
-                    settled.add(name)
-    return settled
-
-
-def _is_flag(node: cst.BaseExpression) -> bool:
-    value = literal_value(node)
-    return value is None or value is True or value is False
-
-
-def _binding_counts(statements: Sequence[cst.BaseStatement]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for node in _walk(statements):
-        if isinstance(node, (cst.AssignTarget, cst.AnnAssign, cst.AugAssign, cst.For)):
-            for name in bound_names(node):
-                counts[name] = counts.get(name, 0) + 1
-        elif isinstance(node, (cst.NamedExpr, cst.AsName, cst.FunctionDef, cst.ClassDef)):
-            for name in bound_names(node):
-                counts[name] = counts.get(name, 0) + 2  # never a plain flag
-    return counts
-
-
-def _walk(statements: Sequence[cst.CSTNode]) -> Iterable[cst.CSTNode]:
-    pending = list(statements)
-    while pending:
-        node = pending.pop()
-        yield node
-        if not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            pending.extend(children(node))
 
 
 class SpecializeArguments(Transform):
@@ -279,26 +153,14 @@ class SpecializeArguments(Transform):
                 if any(arg.keyword is not None and arg.keyword.value in self.constants for arg in call.args):
                     planned.append(call)
                 continue
-            parameters = callee.parameters()
-            removed = self._fixed(callee.function)
-            drops = set()
-            positional = True
-            for position, arg in enumerate(call.args):
-                if arg.star == "*":
-                    if positional and any(p.name.value in removed for p in parameters[position:]):
-                        raise TransformError(f"`{code_of(call)}`: a starred argument may fill a parameter "
-                                             f"the specialization removes")
-                    positional = False  # after a * the positions are unknown
-                elif arg.star:
-                    continue
-                elif arg.keyword is not None:
-                    if arg.keyword.value in removed:
-                        drops.add(position)
-                elif positional and position < len(parameters) and parameters[position].name.value in removed:
-                    if not is_pure(arg.value, self.pure_methods):
-                        raise TransformError(f"`{code_of(call)}`: cannot drop the argument "
-                                             f"`{code_of(arg.value)}`, it may have effects")
-                    drops.add(position)
+            drops = callee.arguments_filling(call, self._fixed(callee.function))
+            if drops is None:
+                raise TransformError(f"`{code_of(call)}`: a starred argument may fill a parameter "
+                                     f"the specialization removes")
+            for arg in (call.args[position] for position in sorted(drops)):
+                if arg.keyword is None and not is_pure(arg.value, self.pure_methods):
+                    raise TransformError(f"`{code_of(call)}`: cannot drop the argument "
+                                         f"`{code_of(arg.value)}`, it may have effects")
             self._resolved[id(call)] = drops
             if drops:
                 planned.append(call)
@@ -310,7 +172,7 @@ class SpecializeArguments(Transform):
         # more than the rest of this transform.
         imports = module_imports(node)
         self._imported = set(imports) | set(dir(builtins))
-        self._classes = _opaque_classes(node, imports)
+        self._classes = opaque_classes(node, imports)
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         """The header says which arguments were fixed and which facts were assumed, checked or not."""
@@ -376,7 +238,7 @@ class SpecializeArguments(Transform):
         live_before = liveness.live(original_node.body.body)
         statements = liveness.remove_dead(statements, live_before)
         # Flags whose other assignments folding removed now hold one constant: fold them in turn.
-        settled = _settled_flags(statements, original_node.body.body, {p.name.value for p in all_params(params)})
+        settled = settled_flags(statements, original_node.body.body, {p.name.value for p in all_params(params)})
         if settled:
             observed = folder.observed
             folder = FunctionFolder(self.pure_methods, self._classes, frozenset(settled))

@@ -33,6 +33,25 @@ class Callee:
         """The parameters the call's positional arguments fill, in order."""
         return [*self.function.params.posonly_params, *self.function.params.params][self.bound:]
 
+    def arguments_filling(self, call: cst.Call, names: set[str]) -> set[int] | None:
+        """Positions of ``call``'s arguments that fill a parameter in ``names``; None if a ``*`` argument may."""
+        parameters = self.parameters()
+        found: set[int] = set()
+        positional = True
+        for position, arg in enumerate(call.args):
+            if arg.star == "*":
+                if positional and any(p.name.value in names for p in parameters[position:]):
+                    return None
+                positional = False  # after a * the positions are unknown
+            elif arg.star:
+                continue
+            elif arg.keyword is not None:
+                if arg.keyword.value in names:
+                    found.add(position)
+            elif positional and position < len(parameters) and parameters[position].name.value in names:
+                found.add(position)
+        return found
+
 
 def _targets(small: cst.Assign | cst.AnnAssign) -> set[str]:
     targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]

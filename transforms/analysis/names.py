@@ -139,3 +139,41 @@ def module_imports(module: cst.Module) -> dict[str, tuple[str, str | None]]:
 def imports_module(module: cst.Module, name: str) -> bool:
     """Whether the module's top-level imports bind ``name`` to the package of that name."""
     return module_imports(module).get(name) == (name, None)
+
+
+def names_in_order(node: cst.CSTNode) -> list[cst.Name]:
+    """The names read in ``node``, in source order (first occurrence)."""
+    found: list[cst.Name] = []
+    seen: set[str] = set()
+
+    class Reads(cst.CSTVisitor):
+        def visit_Attribute(self, attribute: cst.Attribute) -> bool:
+            attribute.value.visit(self)
+            return False
+
+        def visit_Arg(self, arg: cst.Arg) -> bool:
+            arg.value.visit(self)
+            return False
+
+        def visit_AssignTarget(self, target: cst.AssignTarget) -> bool:
+            return False
+
+        def visit_Name(self, name: cst.Name) -> None:
+            if name.value not in seen and name.value not in ("True", "False", "None"):
+                seen.add(name.value)
+                found.append(name)
+
+    node.visit(Reads())
+    return found
+
+
+def assigned_names(node: cst.CSTNode) -> list[cst.Name]:
+    """Names bound by the assignments in ``node``."""
+    found = []
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        if isinstance(current, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign)) and isinstance(current.target, cst.Name):
+            found.append(current.target)
+        pending.extend(children(current))
+    return found
