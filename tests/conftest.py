@@ -21,6 +21,15 @@ T5_MEMBER = "transformers/models/t5/modeling_t5.py"
 T5_SOURCE = SOURCE_CACHE / "transformers-4.5.1" / T5_MEMBER
 REPO = Path(__file__).parent.parent
 
+# The longest tests (each spawns processes for a minute or so) run first: with two xdist workers,
+# one started last would leave the other core idle until it ends.
+SLOW_FIRST = ("test_t5_releases.py", "test_pipelining.py", "test_real_weights.py", "test_model_tracing.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: SLOW_FIRST.index(item.path.name) if item.path.name in SLOW_FIRST
+               else len(SLOW_FIRST))  # stable: the rest keep their order
+
 
 def load_script(name: str):
     """The module ``scripts/<name>.py`` (scripts/ is not a package), imported once."""

@@ -95,7 +95,7 @@ def test_bad_plans_exit_2_with_one_line(extra: list[str], message: str, tiny: Pa
 
 @pytest.mark.parametrize("argv,message", [
     (["t5", "--version", "4.5.1", "--stages", "2", "--shape", "t5-xxl"], "unknown shape 't5-xxl'"),
-    (["bert", "--version", "4.5.1", "--stages", "2"], "unknown family 'bert'"),
+    (["nosuch", "--version", "4.5.1", "--stages", "2"], "unknown family 'nosuch'"),
     (["t5", "--version", "9.9.9", "--stages", "2", "--config", "{tiny}"], "no generated model"),
     (["t5", "--version", "4.5.1", "--stages", "2", "--config", "{missing}"], "cannot read config"),
 ])
