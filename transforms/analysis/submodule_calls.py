@@ -33,6 +33,7 @@ class SubmoduleCalls:
         self.index = index
         self.family = ClassFamily(index, ())
         self._assigned: dict[tuple[int, str], tuple[str | None, bool] | None] = {}
+        self._assignment_cache: dict[int, list[cst.CSTNode]] = {}
 
     def owner(self, node: cst.CSTNode) -> tuple[cst.ClassDef, cst.FunctionDef, str] | None:
         """The class, method and receiver name of the method holding ``node`` (a top-level class's)."""
@@ -86,7 +87,7 @@ class SubmoduleCalls:
         answers: set[tuple[str | None, bool]] = set()
         for node in (cls, *self.family.lineage(cls)):
             for _, method, owner in methods(node):
-                for value in _assignments(method, owner, attribute):
+                for value in _assignments(self._assignment_nodes(method), owner, attribute):
                     if method.name.value != "__init__":
                         return None  # rebound after construction: not certain
                     answers.add(self._built(value))
@@ -94,6 +95,12 @@ class SubmoduleCalls:
             return None
         answer = answers.pop()
         return None if answer[0] is None else answer
+
+    def _assignment_nodes(self, method: cst.FunctionDef) -> list[cst.CSTNode]:
+        """``method``'s assignments, found once: a matcher walk per attribute asked about was most of the cost."""
+        if id(method) not in self._assignment_cache:
+            self._assignment_cache[id(method)] = list(m.findall(method, m.Assign() | m.AugAssign() | m.AnnAssign()))
+        return self._assignment_cache[id(method)]
 
     def _built(self, value: cst.BaseExpression) -> tuple[str | None, bool]:
         """The file class ``value`` builds (an optional one, or the items of a ModuleList of them)."""
@@ -161,10 +168,10 @@ def _unpacks_into(node: cst.BaseExpression, target: m.BaseMatcherNode) -> bool:
     return False
 
 
-def _assignments(method: cst.FunctionDef, owner: str, attribute: str) -> Iterator[cst.BaseExpression]:
-    """The values ``method`` assigns to ``owner.attribute`` (an unknown value for augmented or tuple targets)."""
+def _assignments(nodes: list[cst.CSTNode], owner: str, attribute: str) -> Iterator[cst.BaseExpression]:
+    """The values assigned to ``owner.attribute`` by ``nodes`` (an unknown value for augmented or tuple targets)."""
     target = m.Attribute(value=m.Name(owner), attr=m.Name(attribute))
-    for node in m.findall(method, m.Assign() | m.AugAssign() | m.AnnAssign()):
+    for node in nodes:
         if isinstance(node, cst.Assign):
             for assign_target in node.targets:
                 if m.matches(assign_target.target, target):
