@@ -1,6 +1,7 @@
 """Runtime layers and helpers imported by generated model code (depends on torch only)."""
 
 from stateless.checks import is_None, is_not_None
+from stateless.dropout import FunctionalDropout
 from stateless.dtypes import finfo_value
 from stateless.fp16 import clamp_inf_fp16
 from stateless.layerdrop import LayerDrop, unless_dropped
@@ -16,6 +17,7 @@ from stateless.sharing import (
 )
 
 __all__ = [
+    "FunctionalDropout",
     "LayerDrop",
     "StatelessEmbedding",
     "StatelessLinear",

@@ -246,3 +246,18 @@ def test_an_assignment_to_a_fact_expression_is_left_alone() -> None:
     fact = Fact(E("self.model_parallel"), E("False"), "why", E("not self.model_parallel"))
     rewritten, used = rewrite_facts([fact], function.body)
     assert not used and rewritten.deep_equals(function.body)
+
+
+@pytest.mark.parametrize(("left", "right", "same"), [
+    ("f(a, b)", "f(\n    a,\n    b,\n)", True),
+    ("(a + b) * c", "(a+b)*c", True),
+    ("f(x=1)[1:2]", "f(x = 1)[1 : 2]", True),
+    ("f(a, b)", "f(a, c)", False),
+    ("a + b * c", "(a + b) * c", False),
+    ('"x y"', '"xy"', False),
+    ("f(a)", "f(a=a)", False),
+    ("x[1:2]", "x[1:3]", False),
+])
+def test_same_code_ignores_formatting_only(left: str, right: str, same: bool) -> None:
+    from transforms.analysis.syntax import same_code
+    assert same_code(cst.parse_expression(left), cst.parse_expression(right)) is same

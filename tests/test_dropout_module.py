@@ -501,15 +501,131 @@ def test_non_module_class_is_reported() -> None:
         """, "Helper is not a known nn.Module subclass")
 
 
-def test_function_outside_a_class_is_left_alone() -> None:
-    code = """\
+def test_function_no_class_uses_is_left_with_a_warning() -> None:
+    assert_left_with_warning("""\
         import torch.nn.functional as F
 
         def apply(self, x):
             return F.dropout(x, 0.1, self.training)
-        """
-    assert_unchanged(DropoutModule, code)
-    assert warnings_of(code) == []
+        """, "no class of the file uses apply")
+
+
+ATTENTION_FUNCTION = """\
+    from torch import nn
+
+    def eager_attention_forward(module, query, key, dropout=0.0, **kwargs):
+        weights = nn.functional.softmax(query @ key, dim=-1)
+        weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+        return weights
+
+    class SelfAttention(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.dropout = config.attention_dropout
+
+        def forward(self, query, key):
+            attention_interface = eager_attention_forward
+            return attention_interface(self, query, key, dropout=self.dropout)
+
+    class CrossAttention(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.dropout_module = nn.Identity()
+
+        def forward(self, query, key):
+            return eager_attention_forward(self, query, key, dropout=0.1)
+    """
+
+
+def test_module_level_function_reads_a_submodule_every_caller_owns() -> None:
+    # CrossAttention uses "dropout_module" already: both callers get the first name free in each.
+    assert_rewrites(DropoutModule, ATTENTION_FUNCTION, """\
+        from torch import nn
+        import stateless
+
+        def eager_attention_forward(module, query, key, dropout=0.0, **kwargs):
+            weights = nn.functional.softmax(query @ key, dim=-1)
+            weights = module.dropout_module_1(weights, dropout)
+            return weights
+
+        class SelfAttention(nn.Module):
+            def __init__(self, config):
+                super().__init__()
+                self.dropout = config.attention_dropout
+                self.dropout_module_1 = stateless.FunctionalDropout()
+
+            def forward(self, query, key):
+                attention_interface = eager_attention_forward
+                return attention_interface(self, query, key, dropout=self.dropout)
+
+        class CrossAttention(nn.Module):
+            def __init__(self, config):
+                super().__init__()
+                self.dropout_module = nn.Identity()
+                self.dropout_module_1 = stateless.FunctionalDropout()
+
+            def forward(self, query, key):
+                return eager_attention_forward(self, query, key, dropout=0.1)
+        """)
+    assert warnings_of(ATTENTION_FUNCTION) == []
+
+
+def test_module_level_function_used_outside_a_module_class_stays_functional() -> None:
+    assert_left_with_warning(ATTENTION_FUNCTION + """\
+
+    registry = {"eager": eager_attention_forward}
+    """, "used outside the file's classes")
+    assert_left_with_warning(ATTENTION_FUNCTION + """\
+
+    class Helper:
+        def run(self, module, q, k):
+            return eager_attention_forward(module, q, k)
+    """, "Helper uses it and is not a known nn.Module subclass")
+
+
+def test_module_level_function_refusals_name_the_function() -> None:
+    assert_left_with_warning("""\
+        from torch import nn
+
+        def attend(module, w, flag):
+            return nn.functional.dropout(w, p=0.1, training=flag)
+
+        class A(nn.Module):
+            def forward(self, w):
+                return attend(self, w, self.training)
+        """, "training=flag is not the training flag of a module the function is given; functional dropout in attend")
+    assert_left_with_warning("""\
+        from torch import nn
+
+        def attend(module, w):
+            return nn.functional.dropout(w, 0.1, module.training, True)
+
+        class A(nn.Module):
+            def forward(self, w):
+                return attend(self, w)
+        """, "in-place dropout")
+
+
+def test_module_level_function_rewrite_is_idempotent_and_equal() -> None:
+    once = run(DropoutModule, ATTENTION_FUNCTION)
+    assert_unchanged(DropoutModule, once)
+    namespace: dict[str, Any] = {}
+    exec(compile(once, "<generated>", "exec"), namespace)  # noqa: S102  # the code the test just generated
+    config = type("Config", (), {"attention_dropout": 0.3})()
+    module = namespace["SelfAttention"](config)
+    query, key = torch.randn(2, 3, 4), torch.randn(2, 4, 3)
+    for train in (True, False):
+        module.train(train)
+        torch.manual_seed(0)
+        expected = nn.functional.dropout(torch.softmax(query @ key, dim=-1), 0.3, train)
+        torch.manual_seed(0)
+        assert torch.equal(module(query, key), expected)
+    traced = torch.fx.symbolic_trace(module.eval())
+    assert all(node.target is not nn.functional.dropout for node in traced.graph.nodes), traced.graph
+    traced.train()
+    torch.manual_seed(1)
+    first = traced(query, key)
+    assert not torch.equal(first, traced(query, key)), "the traced graph does not follow .train()"
 
 
 def test_dropout_modules_already_in_use_are_left_alone() -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+from libcst.codemod import CodemodContext
+
 from transform_helpers import assert_rewrites, assert_unchanged
 from transforms.base import EXPORTED_CLASSES
 from transforms.drop_decorators import DropDecorators
@@ -119,6 +122,34 @@ def test_leaf_calls() -> None:
             def forward(self, x):
                 return finfo(x.dtype).min + x
         """, calls={"torch.finfo": "stateless.finfo"})
+
+
+def test_leaf_calls_traced_helper_replaces_the_function_and_its_import() -> None:
+    assert_rewrites(LeafCalls, """\
+        import torch
+        from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+
+        class M(torch.nn.Module):
+            def forward(self, x, m):
+                a = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=m)
+                return a + create_bidirectional_mask(self.config, x, m)
+        """, """\
+        import torch
+        from transformers.masking_utils import create_bidirectional_mask
+        import stateless.masks
+
+        class M(torch.nn.Module):
+            def forward(self, x, m):
+                a = stateless.masks.create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=m)
+                return a + create_bidirectional_mask(self.config, x, m)
+        """, calls={"transformers.masking_utils.create_causal_mask": "stateless.masks.create_causal_mask"},
+        traced=["transformers.masking_utils.create_causal_mask"])
+
+
+def test_leaf_calls_traced_names_a_mapped_function() -> None:
+    from transforms.options import OptionError
+    with pytest.raises(OptionError, match="traced"):
+        LeafCalls(CodemodContext(), calls={"torch.finfo": "stateless.finfo"}, traced=["torch.iinfo"])
 
 
 def test_item_assignment_spells_out_the_index() -> None:

@@ -569,6 +569,40 @@ def test_a_fact_on_module_state_with_its_own_check() -> None:
                                    "reason": "no parallelize()", "check": "not self.model_parallel"}])
 
 
+def test_an_unguarded_fact_may_state_an_expression() -> None:
+    rewrites("""\
+        def attend(module, q, p=0.0):
+            return q
+
+        class Attention:
+            def forward(self, q):
+                interface = REGISTRY.get_interface(self.config.kind, attend)
+                return interface(self, q, p=0.0 if not self.training else self.dropout)
+        """, """\
+        def attend(module, q, p=0.0):
+            return q
+
+        class Attention:
+            def forward(self, q):
+                interface = attend
+                return interface(self, q, p=self.dropout)
+        """, constants={}, facts=[
+            {"expression": "REGISTRY.get_interface(self.config.kind, attend)", "value": "attend", "guard": False,
+             "reason": "the default implementation"},
+            {"expression": "0.0 if not self.training else self.dropout", "value": "self.dropout", "guard": False,
+             "reason": "p is read only when training"}])
+
+
+def test_a_guarded_fact_states_a_literal() -> None:
+    from transforms.options import OptionError
+    with pytest.raises(OptionError, match="not a literal constant"):
+        run(SpecializeArguments, "x = 1\n", constants={},
+            facts=[{"expression": "a", "value": "b", "reason": "guarded: compared with b at run time"}])
+    with pytest.raises(OptionError, match="not an expression"):
+        run(SpecializeArguments, "x = 1\n", constants={},
+            facts=[{"expression": "a", "value": "b +", "guard": False, "reason": "r"}])
+
+
 def test_a_fact_check_must_be_an_expression() -> None:
     from transforms.options import OptionError
     with pytest.raises(OptionError, match="facts.\\[0\\].check|facts\\[0\\].check"):

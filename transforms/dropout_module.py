@@ -11,7 +11,7 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 
 from transforms.analysis.literals import is_bool
-from transforms.analysis.syntax import code_of
+from transforms.analysis.syntax import all_params, code_of
 from transforms.base import Transform
 from transforms.submodules import ClassFamily, InitSite, append_to_init, receiver
 
@@ -35,6 +35,15 @@ class DropoutOptions:
 class _Method:
     name: str
     receiver: str | None  # the name bound to the instance; None in static and class methods
+
+
+@dataclass
+class _Function:
+    """A module-level function whose dropout reads the training flag of a module its callers pass."""
+
+    name: str
+    attribute: str  # the FunctionalDropout submodule every caller class owns
+    calls: set[int]  # the dropout calls (original nodes) that become calls of it
 
 
 @dataclass
@@ -69,6 +78,19 @@ class DropoutModule(Transform):
         self.dropout_module = nn.Dropout(self.dropout)              # __init__, appended
         w = F.dropout(w, p=self.dropout, training=self.training)    # forward, before
         w = self.dropout_module(w)                                  # forward, after
+
+    A module-level function reading the training flag of a module it is given
+    (transformers 5.x's ``eager_attention_forward(module, ...)``) cannot own a
+    submodule, and ``p`` is its argument: every class of the file that refers to
+    the function (its callers) gets a ``stateless.FunctionalDropout`` under one
+    name, and the function calls it with the rate::
+
+        w = F.dropout(w, p=dropout, training=module.training)       # in the function, before
+        w = module.dropout_module(w, dropout)                       # after
+        self.dropout_module = stateless.FunctionalDropout()         # each caller's __init__, appended
+
+    The function must be referred to only from module classes that can take
+    the submodule; otherwise it is left as is, with a warning naming the use.
     """
 
     DESCRIPTION = "F.dropout(x, p, training=self.training) -> an nn.Dropout submodule made in __init__"
@@ -78,17 +100,72 @@ class DropoutModule(Transform):
                  **values: object) -> None:
         super().__init__(context, options, **values)
         self.attribute = self.options.attribute
-        self._stack: list[_Class | _Method] = []
+        self._stack: list[_Class | _Method | _Function] = []
 
     def focus(self) -> Iterable[cst.CSTNode]:
-        return [call for call in self.index.nodes(cst.Call) if _DROPOUT in self.qualified_names(call)]
-
-    def visit_Module(self, node: cst.Module) -> bool:
         self._family = ClassFamily(self.index, self.options.module_bases)
-        return True
+        self._functions: dict[int, _Function] = {}  # id(original FunctionDef) -> its plan
+        self._callers: dict[int, list[str]] = {}  # id(original ClassDef) -> FunctionalDropout attributes it owns
+        calls = [call for call in self.index.nodes(cst.Call) if _DROPOUT in self.qualified_names(call)]
+        if calls:
+            for statement in self.module.body:
+                if isinstance(statement, cst.FunctionDef):
+                    self._plan_function(statement)
+        callers = [node for node in self._family.classes.values() if id(node) in self._callers]
+        return [*calls, *callers]
+
+    def _plan_function(self, function: cst.FunctionDef) -> None:
+        """Whether ``function``'s dropouts can read a submodule its callers own, and under which name."""
+        parameters = {param.name.value for param in all_params(function.params, starred=True)}
+        calls: set[int] = set()
+        for call in self.index.nodes(cst.Call):
+            if _DROPOUT not in self.qualified_names(call.func) or \
+                    self.index.enclosing(call, cst.FunctionDef) is not function:
+                continue
+            bound = self._bind(call.args)
+            reason = bound if isinstance(bound, str) else self._function_refusal(bound, parameters)
+            if reason is not None:
+                self.report(call, f"{reason}; functional dropout in {function.name.value} left as is")
+                continue
+            calls.add(id(call))
+        if not calls:
+            return
+        _, reads = self.index.local_uses(function.name)
+        callers: list[cst.ClassDef] = []
+        for read in reads:
+            owner = next((a for a in self.index.ancestors(read) if isinstance(a, cst.ClassDef)
+                          and a in self._family.classes.values()), None)
+            reason = None
+            if owner is None:
+                reason = "it is used outside the file's classes"
+            elif not self._family.is_module(owner):
+                reason = f"{owner.name.value} uses it and is not a known nn.Module subclass (see module_bases)"
+            elif isinstance(site := self._survey(owner), str):
+                reason = f"cannot add a submodule to {owner.name.value}, which uses it: {site}"
+            if reason is not None:
+                self.report(read, f"the dropout of {function.name.value} must stay functional: {reason}")
+                return
+            if owner not in callers:
+                callers.append(owner)
+        if not callers:
+            self.report(function, f"no class of the file uses {function.name.value}: its dropout stays functional")
+            return
+        stem = self.attribute if self.attribute.endswith("_module") else f"{self.attribute}_module"
+        attribute = self._family.fresh_attribute(callers[0], self.attribute, stem, callers[1:])
+        self._functions[id(function)] = _Function(function.name.value, attribute, calls)
+        for caller in callers:
+            self._callers.setdefault(id(caller), []).append(attribute)
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        self._stack.append(_Class(node, self._family.is_module(node)))
+        frame = _Class(node, self._family.is_module(node))
+        self._stack.append(frame)
+        for attribute in self._callers.get(id(node), ()):
+            frame.init = self._survey(node)  # a planned caller: _plan_function checked it can take a submodule
+            assert isinstance(frame.init, _Init)
+            AddImportsVisitor.add_needed_import(self.context, "stateless")
+            frame.created.append(cst.SimpleStatementLine([cst.Assign(
+                [cst.AssignTarget(cst.Attribute(cst.Name(frame.init.site.receiver), cst.Name(attribute)))],
+                cst.Call(cst.parse_expression("stateless.FunctionalDropout"), []))]))
         return True
 
     def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
@@ -103,8 +180,14 @@ class DropoutModule(Transform):
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         if not self._stack:
-            return False  # a module-level function has no instance whose training flag it could read
+            plan = self._functions.get(id(node))
+            if plan is None:
+                return False  # a module-level function has no instance whose training flag it could read
+            self._stack.append(plan)
+            return True
         parent = self._stack[-1]
+        if isinstance(parent, _Function):
+            return False  # a closure in the function: its dropouts were not planned
         if isinstance(parent, _Class):
             self._stack.append(_Method(node.name.value, receiver(node)))
             return True
@@ -114,12 +197,14 @@ class DropoutModule(Transform):
         return True
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
-        if self._stack:  # visit_FunctionDef pushed exactly when the stack was not empty
-            self._stack.pop()
+        if self._stack and not (isinstance(self._stack[-1], _Function) and id(original_node) not in self._functions):
+            self._stack.pop()  # what visit_FunctionDef pushed (nothing for a closure in a planned function)
         return updated_node
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         method = self._stack[-1] if self._stack else None
+        if isinstance(method, _Function) and id(original_node) in method.calls:
+            return self._call_functional(method, updated_node)
         if not isinstance(method, _Method) or _DROPOUT not in self.qualified_names(original_node.func):
             return updated_node
         frame = next(entry for entry in reversed(self._stack) if isinstance(entry, _Class))
@@ -140,6 +225,31 @@ class DropoutModule(Transform):
                                             comma=cst.MaybeSentinel.DEFAULT,
                                             whitespace_after_arg=updated_node.args[-1].whitespace_after_arg)
         return updated_node.with_changes(func=cst.Attribute(cst.Name(method.receiver), cst.Name(name)), args=[value])
+
+    @staticmethod
+    def _function_refusal(bound: dict[str, cst.Arg], parameters: set[str]) -> str | None:
+        """Why a dropout in a module-level function stays functional, or None."""
+        training = bound.get("training")
+        if training is None:
+            return "training hard-coded to True (the default)"
+        if not m.matches(training.value, m.Attribute(value=m.Name(), attr=m.Name("training"))) \
+                or training.value.value.value not in parameters:  # type: ignore[attr-defined]  # matched above
+            return f"training={code_of(training.value)} is not the training flag of a module the function is given"
+        inplace = bound.get("inplace")
+        if inplace is not None and not m.matches(inplace.value, m.Name("False")):
+            return "in-place dropout"
+        return None
+
+    def _call_functional(self, plan: _Function, updated_node: cst.Call) -> cst.Call:
+        """``F.dropout(x, p, training=module.training)`` -> ``module.<attribute>(x, p)``."""
+        bound = self._bind(updated_node.args)
+        assert isinstance(bound, dict)  # _plan_function bound the same arguments
+        module = bound["training"].value.value  # type: ignore[attr-defined]  # <parameter>.training
+        args = [bound["input"], bound["p"] if "p" in bound else cst.Arg(cst.Float("0.5"))]
+        args = [arg.with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT, comma=cst.MaybeSentinel.DEFAULT)
+                for arg in args]
+        args[0] = args[0].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        return updated_node.with_changes(func=cst.Attribute(module, cst.Name(plan.attribute)), args=args)
 
     def _leave_as_is(self, original_node: cst.Call, updated_node: cst.Call, reason: str) -> cst.Call:
         self.report(original_node, f"{reason}; functional dropout left as is")

@@ -1,4 +1,4 @@
-"""Calls a tracer cannot follow -> calls of the same function through an fx leaf helper."""
+"""Calls a tracer cannot follow -> calls of the same function through an fx leaf helper, or of a traceable one."""
 
 from __future__ import annotations
 
@@ -16,12 +16,18 @@ from transforms.options import OptionError
 @dataclass(frozen=True)
 class LeafCallsOptions:
     calls: dict[str, str]  # qualified name of a function -> "module.helper" that calls it as an fx leaf
+    # Functions of ``calls`` whose helper is a traceable replacement, not a leaf: it takes arguments an
+    # fx graph cannot hold (a config object), so tracers run it and it registers its own leaves.
+    traced: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name, helper in self.calls.items():
             module, _, function = helper.rpartition(".")
             if not module or not function.isidentifier():
                 raise OptionError(f"calls.{name}", f"{helper!r} is not a module.function")
+        for name in self.traced:
+            if name not in self.calls:
+                raise OptionError("traced", f"{name!r} is not one of calls")
 
 
 class LeafCalls(Transform):
@@ -38,25 +44,41 @@ class LeafCalls(Transform):
         mask = (1.0 - mask) * torch.finfo(embeds.dtype).min       # before
         mask = (1.0 - mask) * finfo(embeds.dtype).min             # after
         # with `from stateless import finfo` and `torch.fx.wrap("finfo")`
+
+    A function named in ``traced`` is replaced by a helper that computes the
+    same value in traceable code (``masking_utils.create_causal_mask`` ->
+    ``stateless.masks.create_causal_mask``, same parameters): it is imported
+    and called, not wrapped, since an fx node cannot hold its config argument::
+
+        mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=m)                  # before
+        mask = stateless.masks.create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=m)  # after
+        # with `import stateless.masks`; transformers' import goes once nothing else reads it
     """
 
-    DESCRIPTION = "calls of recipe-named functions -> the same calls through fx leaf helpers"
+    DESCRIPTION = "calls of recipe-named functions -> the same calls through fx leaf helpers (or traceable ones)"
     Options = LeafCallsOptions
 
     def focus(self) -> Iterable[cst.CSTNode]:
         self._used: set[str] = set()
-        return [call for call in self.index.nodes(cst.Call) if self._helper(call) is not None]
+        return [call for call in self.index.nodes(cst.Call) if self._target(call) is not None]
 
-    def _helper(self, call: cst.Call) -> str | None:
+    def _target(self, call: cst.Call) -> str | None:
+        """The qualified name of the mapped function ``call`` calls, if it calls exactly one."""
         names = self.qualified_names(call)
-        found = [self.options.calls[name] for name in sorted(names) if name in self.options.calls]
+        found = [name for name in sorted(names) if name in self.options.calls]
         return found[0] if len(found) == 1 and len(names) == 1 else None
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
-        helper = self._helper(original_node)
-        if helper is None:
+        target = self._target(original_node)
+        if target is None:
             return updated_node
-        module, _, name = helper.rpartition(".")
+        module, _, name = self.options.calls[target].rpartition(".")
+        if target in self.options.traced:
+            # Called through its module: the name may be the replaced function's, whose import goes.
+            AddImportsVisitor.add_needed_import(self.context, module)
+            if isinstance(original_node.func, cst.Name):
+                self.remove_import_if_unused(original_node.func.value)
+            return updated_node.with_changes(func=cst.parse_expression(self.options.calls[target]))
         AddImportsVisitor.add_needed_import(self.context, module, name)
         self._used.add(name)
         return updated_node.with_changes(func=cst.Name(name))

@@ -40,7 +40,12 @@ class FactOptions:
 
     def __post_init__(self) -> None:
         _expression("expression", self.expression)
-        _constant("value", self.value)
+        # A guard compares with the value, so it must be a literal; an unguarded fact may
+        # state any expression the recipe vouches for (its reason says why it is equivalent).
+        if self.guard:
+            _constant("value", self.value)
+        else:
+            _expression("value", self.value)
         if self.check is not None:
             _expression("check", self.check)
         if not self.guard and not self.reason:

@@ -144,12 +144,21 @@ class ClassFamily:
         value = self.relocate(expression.value, site, owner)
         return None if value is None else expression.with_changes(value=value)
 
-    def fresh_attribute(self, node: cst.ClassDef, preferred: str, stem: str) -> str:
-        """A new instance attribute name for ``node`` (reserved from now on)."""
-        family = [node, *self.lineage(node), *(c for c in self.classes.values() if node in self.lineage(c))]
+    def fresh_attribute(self, node: cst.ClassDef, preferred: str, stem: str,
+                        others: Iterable[cst.ClassDef] = ()) -> str:
+        """A new instance attribute name for ``node`` and ``others`` (reserved from now on).
+
+        ``others``: classes that get the attribute under the same name, because
+        code shared by all of them reads it.
+        """
+        owners = [node, *others]
+        family = [c for owner in owners
+                  for c in [owner, *self.lineage(owner),
+                            *(c for c in self.classes.values() if owner in self.lineage(c))]]
         taken = set().union(*(self._used_names(c) for c in family))
         name = next(candidate for candidate in fresh_names(preferred, stem) if candidate not in taken)
-        self._used_names(node).add(name)
+        for owner in owners:
+            self._used_names(owner).add(name)
         return name
 
     def _used_names(self, node: cst.ClassDef) -> set[str]:

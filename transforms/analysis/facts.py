@@ -8,7 +8,7 @@ import libcst as cst
 
 from transforms.analysis.literals import is_constant, literal_value
 from transforms.analysis.names import bound_names, names_read
-from transforms.analysis.syntax import children, code_of
+from transforms.analysis.syntax import children, code_of, same_code
 
 
 def _occurs(expression: cst.BaseExpression, node: cst.CSTNode) -> bool:
@@ -17,7 +17,7 @@ def _occurs(expression: cst.BaseExpression, node: cst.CSTNode) -> bool:
     pending = [node]
     while pending:
         current = pending.pop()
-        if type(current) is kind and current.deep_equals(expression):
+        if type(current) is kind and same_code(current, expression):
             return True
         pending.extend(children(current))
     return False
@@ -40,12 +40,14 @@ class Fact:
 
     A guarded fact is checked where it is used (:meth:`guard`); an unguarded one
     is taken on the recipe's word, for values no tracer could check or where a
-    check would reject inputs on which both branches agree.
+    check would reject inputs on which both branches agree.  Only an unguarded
+    fact may state an expression that is not a literal (a registry lookup that
+    resolves to a module-level function): it has no runtime check to compare with.
     """
 
     def __init__(self, expression: cst.BaseExpression, value: cst.BaseExpression, reason: str,
                  check: cst.BaseExpression | None = None, *, guarded: bool = True) -> None:
-        if not is_constant(value):
+        if guarded and not is_constant(value):
             raise ValueError(f"fact {code_of(expression)} = {code_of(value)}: the value is not a literal constant")
         self.expression = expression
         self.value = value
@@ -134,7 +136,7 @@ class FactRewriter(cst.CSTTransformer):
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # noqa: ANN201  # any node back
         if isinstance(original_node, cst.BaseExpression) and id(original_node) not in self.written:
             for fact in self.facts:
-                if original_node.deep_equals(fact.expression):
+                if type(original_node) is type(fact.expression) and same_code(original_node, fact.expression):
                     self.pending[-1].append(fact)
                     self.used.append(fact)
                     return fact.value.deep_clone()

@@ -43,6 +43,37 @@ def children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
             yield from (item for item in value if is_node(item))
 
 
+# Node kinds that only format code: two trees differing in them mean the same.
+_FORMATTING = (cst.BaseParenthesizableWhitespace, cst.Comma, cst.AssignEqual, cst.Colon, cst.Dot)
+
+
+def same_code(a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    """Whether two trees are the same code up to formatting (whitespace, line breaks, parentheses, commas).
+
+    ``deep_equals`` also compares the formatting: a recipe's one-line expression
+    would not match the same call broken over three lines in the source.
+    """
+    if type(a) is not type(b):
+        return False
+    for name in field_names(a):
+        left, right = getattr(a, name), getattr(b, name)
+        if is_node(left):
+            if isinstance(left, _FORMATTING) or name.startswith("whitespace"):
+                continue
+            if not is_node(right) or not same_code(left, right):
+                return False
+        elif type(left) is tuple or type(left) is list:
+            if type(right) is not tuple and type(right) is not list:
+                return False
+            kept = [item for item in left if not isinstance(item, _FORMATTING)]
+            other = [item for item in right if not isinstance(item, _FORMATTING)]
+            if len(kept) != len(other) or not all(same_code(x, y) for x, y in zip(kept, other)):
+                return False
+        elif left != right and not (isinstance(left, cst.MaybeSentinel) or isinstance(right, cst.MaybeSentinel)):
+            return False
+    return True
+
+
 def code_of(node: cst.CSTNode) -> str:
     """The source text of ``node`` (default formatting of a module with no header)."""
     return _EMPTY.code_for_node(node)
