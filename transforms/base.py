@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 import libcst as cst
 from libcst import CSTNodeT
 from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
+from libcst.codemod.visitors import RemoveImportsVisitor
 
 from transforms.analysis.scopes import ModuleIndex
 from transforms.options import NoOptions, parse_options
@@ -92,6 +93,19 @@ class Transform(VisitorBasedCodemodCommand):
     def qualified_names(self, node: cst.CSTNode) -> set[str]:
         """The qualified names ``node`` (a name, attribute chain or call) may refer to; relative ones absolute."""
         return self.index.qualified_names(node)
+
+    def remove_unused_import_of(self, name: str) -> None:
+        """Schedule the removal of the top-level import that binds ``name``, done only if nothing then reads it."""
+        root = self.index.root
+        if name not in root.imports:
+            return
+        qualified = self.index.absolute_module(root.imports[name])
+        if isinstance(root.bindings[name][-1], cst.ImportFrom):
+            module, _, obj = qualified.rpartition(".")
+            RemoveImportsVisitor.remove_unused_import(self.context, module, obj, name if name != obj else None)
+        else:
+            RemoveImportsVisitor.remove_unused_import(self.context, qualified, None,
+                                                      name if name != qualified else None)
 
     def report(self, node: cst.CSTNode, message: str) -> None:
         """A warning about ``node`` (an original node of the tree being transformed), with its line."""

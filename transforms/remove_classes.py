@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import libcst as cst
 from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import RemoveImportsVisitor
 
 from transforms.analysis.names import names_read
 from transforms.base import Transform, TransformError
@@ -54,17 +53,9 @@ class RemoveClasses(Transform):
                 name = getattr(statement, "name", None)
                 where = f"{name.value}" if isinstance(name, cst.Name) else "the module"
                 raise TransformError(f"{where} uses {sorted(used)[0]}, which the recipe removes")
-        imports = self.index.root.imports
         for statement in removed:
-            for name in sorted(names_read(statement) & imports.keys()):
-                qualified = self.index.absolute_module(imports[name])
-                if isinstance(self.index.root.bindings[name][-1], cst.ImportFrom):
-                    module, _, obj = qualified.rpartition(".")
-                    RemoveImportsVisitor.remove_unused_import(self.context, module, obj,
-                                                              name if name != obj else None)
-                else:
-                    RemoveImportsVisitor.remove_unused_import(self.context, qualified, None,
-                                                              name if name != qualified else None)
+            for name in sorted(names_read(statement) & self.index.root.imports.keys()):
+                self.remove_unused_import_of(name)
         return None
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
