@@ -9,6 +9,7 @@ from transforms.drop_decorators import DropDecorators
 from transforms.dropout_module import DropoutModule
 from transforms.dtype_branch import DtypeBranchLeaf
 from transforms.finfo_values import FinfoValues
+from transforms.forwarded_kwargs import DropForwardedKwargs
 from transforms.fp16_clamp import Fp16Clamp
 from transforms.hoist_modules import HoistModules
 from transforms.item_assignment import ItemAssignment
@@ -31,6 +32,7 @@ from transforms.torch_assert import TorchAssert
 REGISTRY: dict[str, type[Transform]] = {
     "absolute_imports": AbsoluteImports,
     "drop_decorators": DropDecorators,
+    "drop_forwarded_kwargs": DropForwardedKwargs,
     "optional_imports": OptionalImports,
     "prune_classes": PruneClasses,
     "replace_bases": ReplaceBases,

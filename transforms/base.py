@@ -94,17 +94,13 @@ class Transform(VisitorBasedCodemodCommand):
         """The qualified names ``node`` (a name, attribute chain or call) may refer to; relative ones absolute."""
         return self.index.qualified_names(node)
 
-    def remove_import_if_unused(self, name: str) -> None:
-        """Schedule the removal of the module-level import binding ``name``, kept if ``name`` is still read.
-
-        For names a transform stopped reading (a removed class's bases, a replaced
-        function): ``RemoveImportsVisitor`` checks the uses when the edits are applied.
-        """
-        imports = self.index.root.imports
-        if name not in imports:
+    def remove_unused_import_of(self, name: str) -> None:
+        """Schedule the removal of the top-level import that binds ``name``, done only if nothing then reads it."""
+        root = self.index.root
+        if name not in root.imports:
             return
-        qualified = self.index.absolute_module(imports[name])
-        if isinstance(self.index.root.bindings[name][-1], cst.ImportFrom):
+        qualified = self.index.absolute_module(root.imports[name])
+        if isinstance(root.bindings[name][-1], cst.ImportFrom):
             module, _, obj = qualified.rpartition(".")
             RemoveImportsVisitor.remove_unused_import(self.context, module, obj, name if name != obj else None)
         else:

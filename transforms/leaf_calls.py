@@ -77,7 +77,7 @@ class LeafCalls(Transform):
             # Called through its module: the name may be the replaced function's, whose import goes.
             AddImportsVisitor.add_needed_import(self.context, module)
             if isinstance(original_node.func, cst.Name):
-                self.remove_import_if_unused(original_node.func.value)
+                self.remove_unused_import_of(original_node.func.value)
             return updated_node.with_changes(func=cst.parse_expression(self.options.calls[target]))
         AddImportsVisitor.add_needed_import(self.context, module, name)
         self._used.add(name)

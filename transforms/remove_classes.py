@@ -54,8 +54,8 @@ class RemoveClasses(Transform):
                 where = f"{name.value}" if isinstance(name, cst.Name) else "the module"
                 raise TransformError(f"{where} uses {sorted(used)[0]}, which the recipe removes")
         for statement in removed:
-            for name in sorted(names_read(statement)):
-                self.remove_import_if_unused(name)
+            for name in sorted(names_read(statement) & self.index.root.imports.keys()):
+                self.remove_unused_import_of(name)
         return None
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:

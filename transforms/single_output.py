@@ -10,7 +10,7 @@ from libcst.codemod import CodemodContext
 
 from transforms.analysis.liveness import Liveness
 from transforms.analysis.names import bound_names, names_read
-from transforms.analysis.syntax import all_params, append_item, children, dotted_name, indented
+from transforms.analysis.syntax import all_params, append_item, descendants, dotted_name, indented
 from transforms.base import Transform, TransformError
 from transforms.options import OptionError
 
@@ -222,33 +222,24 @@ class SingleOutput(Transform):
         """``function`` reading the one value of each call in ``items`` where it read that item."""
         where = f"{self._classes[-1]}.{self.method}"
         found = {call for call in items if any(isinstance(n, cst.Call) and dotted_name(n.func) == call
-                                               for n in _walk(function.body))}
+                                               for n in descendants(function.body))}
         if len(found) < len(items):
             raise TransformError(f"{where} has no call of {', '.join(sorted(set(items) - found))}")
         locals_: dict[str, int] = {}  # a local bound to a call's whole result -> the item read
-        for node in _walk(function.body):
+        for node in descendants(function.body):
             if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and len(node.targets) == 1 \
                     and isinstance(node.targets[0].target, cst.Name) and dotted_name(node.value.func) in items:
                 locals_[node.targets[0].target.value] = items[dotted_name(node.value.func) or ""]
         rewritten = function.body.visit(_ItemReader(items, locals_))
         assert isinstance(rewritten, cst.BaseSuite)
         # A read of another item or of an attribute needs the old result (a bare read is the value itself).
-        for read in _walk(rewritten):
+        for read in descendants(rewritten):
             if isinstance(read, (cst.Subscript, cst.Attribute)) and isinstance(read.value, cst.Name) \
                     and read.value.value in locals_:
                 name = read.value.value
                 raise TransformError(f"{where} reads {name} other than as item {locals_[name]}: "
                                      f"it cannot take the one value instead")
         return function.with_changes(body=rewritten)
-
-
-def _walk(node: cst.CSTNode) -> list[cst.CSTNode]:
-    found, pending = [], [node]
-    while pending:
-        current = pending.pop()
-        found.append(current)
-        pending.extend(children(current))
-    return found
 
 
 class _ItemReader(cst.CSTTransformer):

@@ -74,6 +74,16 @@ def same_code(a: cst.CSTNode, b: cst.CSTNode) -> bool:
     return True
 
 
+def descendants(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """``node`` and every node under it (in no particular order)."""
+    found, pending = [], [node]
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        pending.extend(children(current))
+    return found
+
+
 def code_of(node: cst.CSTNode) -> str:
     """The source text of ``node`` (default formatting of a module with no header)."""
     return _EMPTY.code_for_node(node)
