@@ -6,6 +6,7 @@ from stateless.dtypes import finfo_value
 from stateless.fp16 import clamp_inf_fp16
 from stateless.layerdrop import LayerDrop, unless_dropped
 from stateless.leaves import finfo, setitem
+from stateless.masks import create_bidirectional_mask, create_causal_mask
 from stateless.layers import StatelessEmbedding, StatelessLinear
 from stateless.sharing import (
     call_shared,
@@ -23,6 +24,8 @@ __all__ = [
     "StatelessLinear",
     "call_shared",
     "clamp_inf_fp16",
+    "create_bidirectional_mask",
+    "create_causal_mask",
     "finfo",
     "finfo_value",
     "is_None",

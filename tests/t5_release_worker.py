@@ -35,7 +35,6 @@ import importlib.util
 import inspect
 import json
 import operator
-import os
 import subprocess
 import sys
 import time
@@ -47,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch.export import Dim
 
+from release_process import environment, wrong_release
 from t5_cases import CLASSES, CONFIGS, PATHS, call_kwargs, config_kwargs, inputs, reference_output
 
 CHECKS = ("eval", "train", "dropout-active", "state-dict", "stateless-eval", "stateless-train", "fx",
@@ -337,9 +337,7 @@ def run_in_subprocess(release: str, install_dir: Path, generated: Path, out: Pat
                "--generated", str(generated), "--json", str(out)]
     if checks:
         command += ["--checks", checks]
-    # PYTHONPATH is the release's directory and nothing else: never the caller's transformers.
-    env = {**os.environ, "PYTHONPATH": str(install_dir), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(command, env=environment(install_dir), capture_output=True, text=True, timeout=timeout)
     record = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else None
     return proc.returncode, record, proc.stderr
 
@@ -355,12 +353,12 @@ def main(argv: list[str] | None = None) -> int:
     started, cpu = time.monotonic(), time.process_time()
     torch.set_num_threads(1)  # tiny models; runs beside other workers on a shared machine
 
+    problem = wrong_release(args.release, args.install_dir)
+    if problem:
+        print(f"t5-release-worker: {problem}", file=sys.stderr)
+        return 2
     import transformers
     location = Path(transformers.__file__).resolve()
-    if transformers.__version__ != args.release or not location.is_relative_to(args.install_dir.resolve()):
-        print(f"t5-release-worker: imported transformers {transformers.__version__} from {location}, not "
-              f"{args.release} from {args.install_dir}: run with PYTHONPATH={args.install_dir}", file=sys.stderr)
-        return 2
     generated = args.generated.resolve()
     if not generated.is_file():
         print(f"t5-release-worker: {generated} not found", file=sys.stderr)

@@ -115,13 +115,23 @@ def test_an_unverified_release_converts_with_a_warning(tmp_path: Path, capsys: p
 
 def test_an_unverified_release_a_transform_cannot_apply_to_is_one_line(tmp_path: Path,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    """5.23.0's attention dropout lives in a module-level function: dropout_module finds nothing, nothing is written."""
+    """A release after 5.23.0 whose attention function no longer drops out: dropout_module finds nothing.
+
+    The source is 5.23.0's with that one line gone, converted as an unverified 5.99.0: the release
+    ranges select the 5.x steps, and a step finding nothing is an error there, so nothing is written.
+    """
     install = REPO / ".venv/transformers/5.23.0"
     assert (install / T5_MEMBER).is_file(), "run bash scripts/setup.sh (installs every release side by side)"
+    text = (install / T5_MEMBER).read_text(encoding="utf-8")
+    line = "    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)\n"
+    assert text.count(line) == 1
+    source = tmp_path / "src"
+    (source / T5_MEMBER).parent.mkdir(parents=True)
+    (source / T5_MEMBER).write_text(text.replace(line, ""), encoding="utf-8")
     out = tmp_path / "out"
-    assert main(["t5", "--version", "5.23.0", "--source-dir", str(install), "--output-dir", str(out)]) == 2
+    assert main(["t5", "--version", "5.99.0", "--source-dir", str(source), "--output-dir", str(out)]) == 2
     assert one_error_line(capsys) == (
-        "convert-model: error: transform dropout_module does not apply to transformers 5.23.0 (unverified): it "
+        "convert-model: error: transform dropout_module does not apply to transformers 5.99.0 (unverified): it "
         "found nothing to rewrite (F.dropout(x, p, training=self.training) -> an nn.Dropout submodule made in "
         "__init__)")
     assert not out.exists()

@@ -1,0 +1,26 @@
+"""A process that runs code against one side-by-side transformers release (.venv/transformers/<release>).
+
+The caller starts it with :func:`environment`; the process checks first thing, with
+:func:`wrong_release`, that it imported exactly that release and not the one installed in .venv.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def environment(install_dir: Path) -> dict[str, str]:
+    """This process's environment, with PYTHONPATH the release's directory and nothing else."""
+    return {**os.environ, "PYTHONPATH": str(install_dir), "OMP_NUM_THREADS": "1"}
+
+
+def wrong_release(release: str, install_dir: Path) -> str | None:
+    """Why the transformers this process imports is not ``release`` from ``install_dir``; None when it is."""
+    import transformers
+
+    location = Path(transformers.__file__).resolve()
+    if transformers.__version__ == release and location.is_relative_to(install_dir.resolve()):
+        return None
+    return (f"imported transformers {transformers.__version__} from {location}, not {release} from {install_dir}: "
+            f"run with PYTHONPATH={install_dir}")
