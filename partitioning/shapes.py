@@ -74,7 +74,13 @@ def make_config(path: str, kwargs: Mapping[str, Any]) -> Any:
         raise PlanError(f"bad {cls.__name__}: {type(exc).__name__}: {detail}") from None
 
 
+# Special token ids: every config had them (None by default) until transformers 5.0, whose configs
+# default only those their model declares; a model may still read another one (5.x T5 shifts labels
+# right by config.decoder_start_token_id), so setting one is no typo.
+TOKEN_IDS = frozenset({"pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "decoder_start_token_id"})
+
+
 def unknown_keys(path: str, kwargs: Mapping[str, Any]) -> list[str]:
     """Keys a config class does not know (HF configs keep any keyword as an attribute, so a typo is silent)."""
     default = config_class(path)()
-    return [key for key in kwargs if not hasattr(default, key)]
+    return [key for key in kwargs if not hasattr(default, key) and key not in TOKEN_IDS]

@@ -24,10 +24,16 @@ from stateless.layers import StatelessEmbedding, StatelessLinear
 class SharedWeightSpec:
     shared: str  # the attribute holding the shared nn.Embedding in the stateful form
     weight: str  # the top-level parameter in the stateless form
-    users: tuple[str, ...]  # submodules that are the shared embedding in the stateful form
+    users: tuple[str, ...]  # submodules that are the shared embedding, or tie its weight, in the stateful form
     tied_linear: str | None  # a Linear whose weight is the same parameter (tied LM head)
     hf_keys: tuple[str, ...]  # the state-dict keys the stateful form stores the weight under
     module_order: tuple[str, ...]  # the owner's submodule order, restored by make_stateful
+    # Users that were embeddings of their own tying the weight (transformers 5.x), not the holder itself.
+    own_modules: tuple[str, ...] = ()
+
+
+_SETTINGS = ("num_embeddings", "embedding_dim", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq",
+             "sparse")
 
 
 def _spec(model: nn.Module) -> SharedWeightSpec | None:
@@ -52,9 +58,18 @@ def make_stateless(model: nn.Module, *, shared: str, weight: str, users: Sequenc
     if not isinstance(embedding, nn.Embedding):
         raise TypeError(f"make_stateless: {shared} is a {type(embedding).__name__}, not an nn.Embedding")
     parameter = embedding.weight
+    own_modules = []
     for name in users:
-        if model.get_submodule(name) is not embedding:
-            raise ValueError(f"make_stateless: {name} is not the shared embedding {shared}")
+        user = model.get_submodule(name)
+        if user is embedding:
+            continue
+        # An embedding of its own tying the weight (HF 5.x ties parameters, not modules) embeds the same
+        # way only with the same settings: then one stateless layer like the holder's replaces it.
+        if not isinstance(user, nn.Embedding) or user.weight is not parameter:
+            raise ValueError(f"make_stateless: {name} is not the shared embedding {shared} and does not tie its weight")
+        if any(getattr(user, key) != getattr(embedding, key) for key in _SETTINGS):
+            raise ValueError(f"make_stateless: {name} ties {shared}'s weight but embeds with other settings")
+        own_modules.append(name)
     keys = [shared + ".weight", *(name + ".weight" for name in users)]
     if tied_linear is not None:
         linear = model.get_submodule(tied_linear)
@@ -70,7 +85,8 @@ def make_stateless(model: nn.Module, *, shared: str, weight: str, users: Sequenc
     for name in users:  # a holder that is also a user (GPT-2's wte) is replaced in place
         _set_submodule(model, name, StatelessEmbedding.like(embedding))
     model.register_parameter(weight, parameter)
-    spec = SharedWeightSpec(shared, weight, tuple(users), tied_linear, tuple(dict.fromkeys(keys)), order)
+    spec = SharedWeightSpec(shared, weight, tuple(users), tied_linear, tuple(dict.fromkeys(keys)), order,
+                            tuple(own_modules))
     model.__dict__["_shared_weight_spec"] = spec
     # load_state_dict of a stock (HF-keyed) checkpoint keeps working.
     model.__dict__["_shared_weight_hook"] = model._register_load_state_dict_pre_hook(_LoadHFKeys(spec))
@@ -117,7 +133,8 @@ def make_stateful(model: nn.Module) -> nn.Module:
     del model._parameters[spec.weight]
     _set_submodule(model, spec.shared, embedding)
     for name in spec.users:
-        _set_submodule(model, name, embedding)
+        own = name in spec.own_modules
+        _set_submodule(model, name, model.get_submodule(name).to_embedding(parameter) if own else embedding)
     owner_name = spec.shared.rpartition(".")[0]
     owner = model.get_submodule(owner_name) if owner_name else model
     owner._modules = {name: owner._modules[name] for name in spec.module_order if name in owner._modules} | {

@@ -127,3 +127,59 @@ def test_methods_other_spellings_are_left_alone() -> None:
         v = view(*shape)
         """, methods=["view"])
     assert_unchanged(SizeVarargs, "x = x.view(*shape)\n")  # no methods listed: none rewritten
+
+
+def test_a_star_unpacked_shape_is_concatenated() -> None:
+    assert_rewrites(SizeVarargs, """\
+        def attention(self, hidden_states, states, out):
+            input_shape = hidden_states.shape[:-1]
+            hidden_shape = (*input_shape, -1, self.d)
+            kv_shape = (*states.size()[:-1], -1, self.d)
+            first = (*input_shape, 3)[0]
+            out = out.reshape(*input_shape, -1)
+            return out.view(1, *states.shape, 2, 3)
+        """, """\
+        def attention(self, hidden_states, states, out):
+            input_shape = hidden_states.shape[:-1]
+            hidden_shape = input_shape + (-1, self.d)
+            kv_shape = states.size()[:-1] + (-1, self.d)
+            first = (input_shape + (3,))[0]
+            out = out.reshape(input_shape + (-1,))
+            return out.view((1,) + states.shape + (2, 3))
+        """, methods=["view", "reshape"])
+
+
+@pytest.mark.parametrize("code", [
+    "def f(x, s):\n    return (*s, 1)\n",                                        # not known to be a shape
+    "def f(x):\n    s = x.shape\n    s = [1]\n    return (*s, 1)\n",           # bound twice
+    "def f(x):\n    return (*x.shape[0], 1)\n",                                 # an index, not a slice
+    "def f(x):\n    return (*x.size(0), 1)\n",                                  # a size, not the shape
+    "def f(x):\n    return x.reshape(*x.shape, -1)\n",                          # reshape not listed
+    "def f(x):\n    return (x.shape, 1)\n",                                     # nothing unpacked
+])
+def test_what_may_not_be_a_shape_is_left_alone(code: str) -> None:
+    assert_unchanged(SizeVarargs, code, methods=["view"])
+
+
+def test_concatenated_shapes_trace_with_fx_and_export() -> None:
+    torch = pytest.importorskip("torch")
+    code = ("import torch\ndef f(x):\n    input_shape = x.shape[:-1]\n"
+            "    return x.view(*input_shape, 2, -1).reshape(*input_shape, -1) * 2\n")
+
+    def build(source: str) -> object:
+        namespace: dict = {}
+        exec(source, namespace)
+        return namespace["f"]
+
+    with pytest.raises(torch.fx.proxy.TraceError):
+        torch.fx.symbolic_trace(build(code))
+    rewritten = build(run(SizeVarargs, code, methods=["view", "reshape"]))
+    traced = torch.fx.symbolic_trace(rewritten)
+    for shape in ((2, 3, 4), (5, 6)):
+        x = torch.randn(*shape)
+        assert torch.equal(traced(x), x * 2) and torch.equal(build(code)(x), x * 2)
+    module = type("M", (torch.nn.Module,), {"forward": lambda self, x: rewritten(x)})()
+    batch = torch.export.Dim("batch", min=2)
+    program = torch.export.export(module, (torch.randn(3, 5, 4),), dynamic_shapes=({0: batch},))
+    x = torch.randn(7, 5, 4)
+    assert torch.equal(program.module()(x), x * 2)

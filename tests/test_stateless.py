@@ -313,6 +313,48 @@ def test_a_nested_holder_that_no_user_is_goes_and_comes_back_in_its_place() -> N
     stateless.make_stateful(model)
     assert model.model.shared.weight is parameter and model.model.decoder.embed_tokens is model.model.shared
     assert list(model.model._modules) == ["shared", "encoder", "decoder"]
+class _TiedByParameter(nn.Module):  # transformers 5.x: each stack owns an embedding, the weight is tied
+    def __init__(self, padding_idx: int | None = None) -> None:
+        super().__init__()
+        self.shared = nn.Embedding(11, 4)
+        self.encoder = nn.Module()
+        self.encoder.embed_tokens = nn.Embedding(11, 4, padding_idx=padding_idx)
+        self.encoder.embed_tokens.weight = self.shared.weight
+        self.decoder = nn.Module()
+        self.decoder.embed_tokens = nn.Embedding(11, 4)
+        self.decoder.embed_tokens.weight = self.shared.weight
+
+
+def test_users_that_tie_the_weight_in_embeddings_of_their_own_come_back_as_their_own() -> None:
+    import stateless
+
+    model = _TiedByParameter()
+    parameter, stock_keys = model.shared.weight, list(model.state_dict())
+    ids = torch.tensor([[1, 2, 10]])
+    expected = model.encoder.embed_tokens(ids)
+    users = ("encoder.embed_tokens", "decoder.embed_tokens")
+    stateless.make_stateless(model, shared="shared", weight="shared_embed_weight", users=users)
+    assert [name for name, _ in model.named_parameters()] == ["shared_embed_weight"]
+    assert torch.equal(model.encoder.embed_tokens(model.shared_embed_weight, ids), expected)
+    assert sorted(stateless.stateful_state_dict(model)) == sorted(stock_keys)
+    stateless.make_stateful(model)
+    assert list(model.state_dict()) == stock_keys
+    assert model.encoder.embed_tokens is not model.decoder.embed_tokens is not model.shared
+    assert all(model.get_submodule(name).weight is parameter for name in ("shared", *users))
+
+
+def test_a_user_neither_the_holder_nor_tying_its_weight_is_refused() -> None:
+    import stateless
+
+    users = ("encoder.embed_tokens", "decoder.embed_tokens")
+    untied = _TiedByParameter()
+    untied.decoder.embed_tokens = nn.Embedding(11, 4)
+    with pytest.raises(ValueError, match="decoder.embed_tokens is not the shared embedding shared and does not tie"):
+        stateless.make_stateless(untied, shared="shared", weight="w", users=users)
+    with pytest.raises(ValueError, match="encoder.embed_tokens ties shared's weight but embeds with other settings"):
+        stateless.make_stateless(_TiedByParameter(padding_idx=0), shared="shared", weight="w", users=users)
+
+
 @pytest.mark.parametrize("copy_with", ["torch.save", "deepcopy"])
 def test_a_stateless_model_pickles_and_keeps_loading_stock_keys(copy_with: str, tmp_path) -> None:
     # before: torch.save(model) failed with "Can't pickle local object '_load_hf_keys.<locals>.hook'"
