@@ -7,6 +7,7 @@ from pathlib import Path
 
 import libcst as cst
 import pytest
+import tomllib
 from conftest import FIXTURES, REPO
 
 from converter.errors import ConvertError
@@ -17,6 +18,7 @@ from transforms import REGISTRY
 from transforms.shared_weight import SharedWeightOptions
 
 T5_TOML = (REPO / "converter/recipe_data/t5.toml").read_text()
+STEP_NAMES = [step["name"] for step in tomllib.loads(T5_TOML)["transforms"]]
 HEAD = """\
 family = "toy"
 package = "transformers"
@@ -71,7 +73,10 @@ def test_misspelled_nested_option_key() -> None:
 def test_misspelled_key_in_a_list_of_tables() -> None:
     text = T5_TOML.replace('reason = "attention_mask must be (batch, seq_len)"',
                            'raison = "attention_mask must be (batch, seq_len)"')
-    assert error_of(text).startswith("recipe toy.toml: transform specialize_arguments: facts[6].raison: unknown key")
+    facts = [fact["reason"] for step in tomllib.loads(T5_TOML)["transforms"] for fact in step.get("facts", ())]
+    index = facts.index("attention_mask must be (batch, seq_len)")
+    assert error_of(text).startswith(f"recipe toy.toml: transform specialize_arguments: facts[{index}].raison: "
+                                     "unknown key")
 
 
 @pytest.mark.parametrize(("old", "new", "expected"), [
@@ -80,7 +85,8 @@ def test_misspelled_key_in_a_list_of_tables() -> None:
     ('weight = "shared_embed_weight"', "weight = 3", "transform shared_weight: weight: expected a string, not int 3"),
     ('use_cache = "False"', "use_cache = false", "constants.use_cache: expected a string, not bool False"),
     ('output_attentions = "False"', 'output_attentions = "f(x)"', "'f(x)' is not a literal constant"),
-    ('name = "hoist_modules"', 'name = "hoist_module"', "transforms[10]: name: unknown transform 'hoist_module'"),
+    ('name = "hoist_modules"', 'name = "hoist_module"',
+     f"transforms[{STEP_NAMES.index('hoist_modules')}]: name: unknown transform 'hoist_module'"),
     ('parameter = "shared_embedding"\n', "", "transform shared_weight: parameter: missing (required)"),
     ('calls = { "self.encoder" = "T5Stack" }', 'calls = { "self.encoder" = "T5Stak" }',
      "transform shared_weight: forwards.T5EncoderModel.calls: self.encoder runs T5Stak, which has no forwards entry"),

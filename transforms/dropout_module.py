@@ -135,10 +135,12 @@ class DropoutModule(Transform):
         for read in reads:
             owner = next((a for a in self.index.ancestors(read) if isinstance(a, cst.ClassDef)
                           and a in self._family.classes.values()), None)
-            reason = None
             if owner is None:
-                reason = "it is used outside the file's classes"
-            elif not self._family.is_module(owner):
+                self.report(read, f"the dropout of {function.name.value} must stay functional: "
+                                  "it is used outside the file's classes")
+                return
+            reason = None
+            if not self._family.is_module(owner):
                 reason = f"{owner.name.value} uses it and is not a known nn.Module subclass (see module_bases)"
             elif isinstance(site := self._survey(owner), str):
                 reason = f"cannot add a submodule to {owner.name.value}, which uses it: {site}"
