@@ -706,3 +706,24 @@ def test_a_submodule_whose_class_is_not_certain_keeps_its_arguments() -> None:
     result = run(SpecializeArguments, code, **CROSS)
     assert "h = self.attention(h, mask)" in result  # two arguments were passed: nothing to drop
     assert "h = layer_module(h, mask)" in result
+
+
+def test_a_branch_left_with_only_pass_goes() -> None:
+    rewrites("""\
+        class A:
+            def f(self, h, use_cache=None):
+                if self.is_decoder:
+                    if use_cache:
+                        h = h + 1
+                elif not self.is_decoder:
+                    pass
+                while h:
+                    pass
+                return h
+        """, """\
+        class A:
+            def f(self, h):
+                while h:
+                    pass
+                return h
+        """, constants={"use_cache": "False"})

@@ -115,8 +115,8 @@ class Liveness:
                 kept = []
                 for small in stmt.body:
                     binds = self.removable(small)
-                    if binds and binds <= candidates and not binds & live:
-                        continue
+                    if isinstance(small, cst.Pass) or (binds and binds <= candidates and not binds & live):
+                        continue  # a block left with nothing gets its pass back from indented()
                     kept.append(small)
                 if kept:
                     out.append(without_semicolon_at_end(stmt, kept))

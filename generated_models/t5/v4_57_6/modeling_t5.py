@@ -986,9 +986,6 @@ class T5Stack(T5PreTrainedModel):
             inputs_embeds = stateless.call_shared(self.embed_tokens, shared_embedding, input_ids)
 
         batch_size, seq_length = input_shape
-
-        if self.is_decoder:
-            pass
         if is_None(cache_position):
             cache_position = torch.arange(
                 0, 0 + seq_length, device=inputs_embeds.device

@@ -625,9 +625,6 @@ class T5Stack(T5PreTrainedModel):
         if is_None(inputs_embeds):
             inputs_embeds = stateless.call_shared(self.embed_tokens, shared_embedding, input_ids)
 
-        if self.is_decoder:
-            pass
-
         if self.config.is_decoder:
             attention_mask = stateless.masks.create_causal_mask(
                 config=self.config,
