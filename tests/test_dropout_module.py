@@ -1,31 +1,24 @@
 from __future__ import annotations
 
+from functools import partial
 from textwrap import dedent
 from typing import Any
 
 import libcst as cst
 import pytest
 import torch
+import transform_helpers
+from conftest import T5_SOURCE
 from libcst.codemod import CodemodContext
 from torch import nn
+from transform_helpers import MODULE, assert_rewrites, assert_unchanged, run
 from transformers import T5Config
 from transformers.models.t5.modeling_t5 import T5Attention
 
-from conftest import T5_SOURCE
-from transform_helpers import MODULE, assert_rewrites, assert_unchanged, run
 from transforms.dropout_module import DropoutModule
 
-
-def warnings_of(code: str, **options: Any) -> list[str]:
-    context = CodemodContext(full_module_name=MODULE, full_package_name=MODULE.rpartition(".")[0])
-    DropoutModule(context, **options).transform_module(cst.parse_module(dedent(code)))
-    return context.warnings
-
-
-def assert_left_with_warning(code: str, expected: str, **options: Any) -> None:
-    assert_unchanged(DropoutModule, code, **options)
-    warnings = warnings_of(code, **options)
-    assert len(warnings) == 1 and expected in warnings[0], warnings
+warnings_of = partial(transform_helpers.warnings_of, DropoutModule)
+assert_left_with_warning = partial(transform_helpers.assert_left_with_warning, DropoutModule)
 
 
 # --- rewrites ---------------------------------------------------------------------------------------------

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-from textwrap import dedent
-from typing import Any
+from functools import partial
 
 import libcst as cst
 import pytest
+import transform_helpers
 from conftest import REPO, T5_MEMBER
 from libcst.codemod import CodemodContext
 from transform_helpers import MODULE, assert_rewrites, assert_unchanged
@@ -19,17 +19,8 @@ from transforms.options import OptionError, parse_options
 KWARGS_ANNOTATIONS = ("transformers.utils.TransformersKwargs",)
 
 
-def warnings_of(code: str, **options: Any) -> list[str]:
-    context = CodemodContext(full_module_name=MODULE, full_package_name=MODULE.rpartition(".")[0])
-    DropForwardedKwargs(context, **options).transform_module(cst.parse_module(dedent(code)))
-    return context.warnings
-
-
-def assert_kept(code: str, expected: str, **options: Any) -> None:
-    """The code is left as it is, with one warning containing ``expected``."""
-    assert_unchanged(DropForwardedKwargs, code, **options)
-    warnings = warnings_of(code, **options)
-    assert len(warnings) == 1 and expected in warnings[0], warnings
+warnings_of = partial(transform_helpers.warnings_of, DropForwardedKwargs)
+assert_kept = partial(transform_helpers.assert_left_with_warning, DropForwardedKwargs)
 
 
 def test_registered() -> None:

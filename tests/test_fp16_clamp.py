@@ -7,12 +7,12 @@ from textwrap import dedent
 from textwrap import indent as indent_code
 from typing import Any
 
-import libcst as cst
 import pytest
 import torch
+import transform_helpers
 from conftest import T5_SOURCE
-from libcst.codemod import CodemodContext
-from transform_helpers import MODULE, assert_rewrites, assert_unchanged, run
+from transform_helpers import assert_rewrites, assert_unchanged, run
+
 from stateless.fp16 import clamp_inf_fp16
 from transforms.fp16_clamp import Fp16Clamp
 
@@ -24,10 +24,7 @@ T5_CLAMP = """\
 """
 
 
-def warnings_of(code: str) -> list[str]:
-    context = CodemodContext(full_module_name=MODULE, full_package_name=MODULE.rpartition(".")[0])
-    Fp16Clamp(context).transform_module(cst.parse_module(dedent(code)))
-    return context.warnings
+warnings_of = partial(transform_helpers.warnings_of, Fp16Clamp)
 
 
 def test_hf_clamp_becomes_a_helper_call_keeping_its_comment() -> None:

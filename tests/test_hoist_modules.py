@@ -1,20 +1,16 @@
+from functools import partial
 from textwrap import dedent
 
 import libcst as cst
 import libcst.matchers as m
 import pytest
-from libcst.codemod import CodemodContext
-
+import transform_helpers
 from conftest import T5_SOURCE
-from transform_helpers import MODULE, assert_rewrites, assert_unchanged, run
+from transform_helpers import assert_rewrites, assert_unchanged, run
+
 from transforms.hoist_modules import HoistModules
 
-
-def convert(code: str) -> tuple[str, list[str]]:
-    """The rewritten code and the warnings the transform reported."""
-    context = CodemodContext(full_module_name=MODULE, full_package_name=MODULE.rpartition(".")[0])
-    result = HoistModules(context).transform_module(cst.parse_module(dedent(code))).code
-    return result, context.warnings
+convert = partial(transform_helpers.run_reporting, HoistModules)
 
 
 def test_loss_moves_to_the_end_of_init() -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from functools import partial
 from textwrap import dedent, indent
 
-import libcst as cst
 import pytest
-from libcst.codemod import CodemodContext
-from transform_helpers import MODULE, assert_rewrites, assert_unchanged, run
+import transform_helpers
+from transform_helpers import assert_rewrites, assert_unchanged, run
 
 from transforms.layer_drop import LayerDropLoop
 
@@ -40,10 +40,7 @@ def rewritten(body: str) -> str:
     return AFTER_HEAD + indent(dedent(body), " " * 12) + "        return hidden_states * math.e\n"
 
 
-def warnings_of(code: str) -> list[str]:
-    context = CodemodContext(full_module_name=MODULE, full_package_name=MODULE.rpartition(".")[0])
-    LayerDropLoop(context).transform_module(cst.parse_module(code))
-    return context.warnings
+warnings_of = partial(transform_helpers.warnings_of, LayerDropLoop)
 
 
 def test_continue_form_becomes_a_decision_and_a_local_layer_function() -> None:

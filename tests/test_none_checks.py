@@ -3,19 +3,20 @@ from __future__ import annotations
 import builtins
 import re
 import warnings
+from functools import partial
 from textwrap import dedent
 from types import SimpleNamespace
 from typing import Any
 
 import libcst as cst
 import libcst.matchers as m
+import transform_helpers
+from conftest import T5_SOURCE
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from libcst.codemod import CodemodContext
+from transform_helpers import assert_rewrites, assert_unchanged
 
-from conftest import T5_SOURCE
 from stateless.checks import is_None, is_not_None
-from transform_helpers import MODULE, assert_rewrites, assert_unchanged
 from transforms.none_checks import NoneChecks
 
 IMPORTS = "from stateless import is_None\n\n"
@@ -23,11 +24,7 @@ IMPORTS_NOT = "from stateless import is_not_None\n\n"
 IMPORTS_BOTH = "from stateless import is_None, is_not_None\n\n"
 
 
-def rewrite(code: str, **options: Any) -> tuple[str, list[str]]:
-    """The rewritten code and the warnings the transform gave."""
-    context = CodemodContext(full_module_name=MODULE, full_package_name=MODULE.rpartition(".")[0])
-    result = NoneChecks(context, **options).transform_module(cst.parse_module(dedent(code))).code
-    return result, context.warnings
+rewrite = partial(transform_helpers.run_reporting, NoneChecks)
 
 
 class NoneComparisons(cst.CSTVisitor):
