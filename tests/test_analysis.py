@@ -261,3 +261,14 @@ def test_an_assignment_to_a_fact_expression_is_left_alone() -> None:
 def test_same_code_ignores_formatting_only(left: str, right: str, same: bool) -> None:
     from transforms.analysis.syntax import same_code
     assert same_code(cst.parse_expression(left), cst.parse_expression(right)) is same
+
+
+def test_the_outermost_fact_wins_and_an_inner_one_is_not_used() -> None:
+    inner = Fact(cst.parse_expression("self.config.kind"), cst.parse_expression('"eager"'), "r", guarded=False)
+    outer = Fact(cst.parse_expression("REGISTRY.get(self.config.kind, f)"), cst.parse_expression("f"), "r",
+                 guarded=False)
+    body = cst.parse_module("def g(self):\n    a = REGISTRY.get(\n        self.config.kind, f\n    )\n"
+                            "    return a\n").body[0].body
+    rewritten, used = rewrite_facts([inner, outer], body)
+    assert used == [outer]
+    assert code_of(rewritten.body[0]).strip() == "a = f"

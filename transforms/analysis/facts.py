@@ -118,6 +118,7 @@ class FactRewriter(cst.CSTTransformer):
         self.dominating: set[int] = set()
         self.written: set[int] = set()  # targets of assignments: a fact is about the value read
         self.used: list[Fact] = []
+        self.matched: dict[int, Fact] = {}  # id(expression) -> the fact it is, found on the way down
 
     def _opens_statement(self, node: cst.CSTNode) -> bool:
         return isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) and id(node) not in self.elifs
@@ -127,6 +128,12 @@ class FactRewriter(cst.CSTTransformer):
             return False
         if isinstance(node, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.Del)):
             self.written.add(id(node.target))
+        if isinstance(node, cst.BaseExpression) and id(node) not in self.written:
+            fact = next((fact for fact in self.facts if type(node) is type(fact.expression)
+                         and same_code(node, fact.expression)), None)
+            if fact is not None:  # the outermost match wins: a fact inside it is not used
+                self.matched[id(node)] = fact
+                return False
         if isinstance(node, cst.If) and isinstance(node.orelse, cst.If):
             self.elifs.add(id(node.orelse))
         if self._opens_statement(node):
@@ -134,12 +141,11 @@ class FactRewriter(cst.CSTTransformer):
         return super().on_visit(node)
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # noqa: ANN201  # any node back
-        if isinstance(original_node, cst.BaseExpression) and id(original_node) not in self.written:
-            for fact in self.facts:
-                if type(original_node) is type(fact.expression) and same_code(original_node, fact.expression):
-                    self.pending[-1].append(fact)
-                    self.used.append(fact)
-                    return fact.value.deep_clone()
+        fact = self.matched.get(id(original_node))
+        if fact is not None:
+            self.pending[-1].append(fact)
+            self.used.append(fact)
+            return fact.value.deep_clone()
         result = super().on_leave(original_node, updated_node)
         if not self._opens_statement(original_node):
             return result

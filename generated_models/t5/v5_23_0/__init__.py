@@ -4,7 +4,6 @@
 # transforms: absolute_imports, drop_decorators, drop_forwarded_kwargs, replace_bases, prune_classes, single_output, specialize_arguments, shared_weight, dropout_module, hoist_modules, size_varargs, shift_right, dtype_branch_leaf, leaf_calls, none_checks
 # specialized arguments: past_key_values=None, use_cache=False
 # specialized: self.gradient_checkpointing -> False (gradient checkpointing specialized off: pipelines recompute per stage)
-# specialized: self.config._attn_implementation -> "eager" (eager attention: what stock computes with attn_implementation='eager')
 # specialized: ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward) -> eager_attention_forward (eager attention: the registry's default, what stock computes with attn_implementation='eager')
 # specialized: 0.0 if not self.training else self.dropout -> self.dropout (the rate only matters in training, where it is self.dropout: a traced graph keeps it for .train())
 # regenerate: convert-model t5 --version 5.23.0
