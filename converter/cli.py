@@ -11,10 +11,13 @@ import sys
 from pathlib import Path, PurePosixPath
 from typing import NoReturn
 
-from converter import __version__, verify
-from converter.atomic import is_temporary, recover, write_all_atomic
-from converter.errors import ConvertError, Interrupted, terminate_as_interrupt
-from converter.fetch import (ORIGINS, Fetcher, SourceFile, default_cache_dir, read_capped, read_source_file,
+from common import __version__
+from converter import verify
+from common.atomic import is_temporary, recover, write_all_atomic
+from common.errors import Interrupted, terminate_as_interrupt
+from common.errors import UserError
+from common.files import read_capped
+from converter.fetch import (ORIGINS, Fetcher, SourceFile, default_cache_dir, read_source_file,
                              validate_version)
 from converter.pipeline import Conversion, render
 from converter.recipes import Recipe, get_recipe, load_recipes
@@ -26,7 +29,7 @@ log = logging.getLogger("converter")
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # argparse's own report is the usage text plus the message: 7 lines for one mistake.
-        raise ConvertError(message, hint=f"{self.prog} --help lists the options")
+        raise UserError(message, hint=f"{self.prog} --help lists the options")
 
 
 def _path(value: str) -> Path:
@@ -109,7 +112,7 @@ def _gather_sources(args: argparse.Namespace, recipe: Recipe) -> dict[str, Sourc
         for member in recipe.members_for(args.version):
             path = args.source_dir / member
             if not os.path.exists(path):
-                raise ConvertError(f"{path} not found: --source-dir must hold {member}")
+                raise UserError(f"{path} not found: --source-dir must hold {member}")
             local[member] = read_source_file(path, member)
     remaining = tuple(m for m in recipe.members_for(args.version) if m not in local)
     if remaining:
@@ -132,7 +135,7 @@ def _release(version: str) -> tuple[int, ...] | str:
 def _check_version(recipe: Recipe, version: str) -> None:
     for known in recipe.known_versions:
         if known != version and _release(known) == _release(version):
-            raise ConvertError(f"version {version} is release {known} spelled differently",
+            raise UserError(f"version {version} is release {known} spelled differently",
                                hint=f"pass --version {known}")
 
 
@@ -173,7 +176,7 @@ def _ensure_writable(root: Path) -> None:
             break
         existing = existing.parent
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise ConvertError(f"cannot write to output directory {root}: {existing} is not a writable directory")
+        raise UserError(f"cannot write to output directory {root}: {existing} is not a writable directory")
 
 
 def _diff(old: str, new: str, old_name: str, new_name: str) -> str:
@@ -188,9 +191,9 @@ def _check_layout(root: Path, files: dict[PurePosixPath, str]) -> None:
         for part in rel.parts[:-1]:
             path = path / part
             if os.path.lexists(path) and not path.is_dir():
-                raise ConvertError(f"{path} is in the way: the generated layout needs a directory there")
+                raise UserError(f"{path} is in the way: the generated layout needs a directory there")
         if (root / rel).is_dir():
-            raise ConvertError(f"{root / rel} is a directory where a generated file goes")
+            raise UserError(f"{root / rel} is a directory where a generated file goes")
 
 
 def _read_current(path: Path) -> str | None:
@@ -207,7 +210,7 @@ def _refuse_foreign(root: Path, changed: dict[PurePosixPath, str], current: dict
         # Read again when it was missing: a concurrent run may have written it meanwhile.
         text = current[rel] if current[rel] is not None else _read_current(path)
         if os.path.lexists(path) and (text is None or "@generated" not in text.partition("\n")[0]):
-            raise ConvertError(f"refusing to replace {path}: convert-model did not write it (no @generated header)",
+            raise UserError(f"refusing to replace {path}: convert-model did not write it (no @generated header)",
                                hint="move it away or pass another --output-dir")
 
 
@@ -228,16 +231,16 @@ def _run(args: argparse.Namespace) -> int:
         print(_list())
         return 0
     if not args.family:
-        raise ConvertError("a model family is required (see --list)")
+        raise UserError("a model family is required (see --list)")
     recipe = get_recipe(args.family)
     if args.version is None:
-        raise ConvertError("--version is required, e.g. --version 4.5.1")
+        raise UserError("--version is required, e.g. --version 4.5.1")
     validate_version(args.version)
     _check_version(recipe, args.version)
     root = args.output_dir
     if not args.diff:
         if os.path.lexists(root) and not root.is_dir():
-            raise ConvertError(f"--output-dir {root} is not a directory")
+            raise UserError(f"--output-dir {root} is not a directory")
         if not args.check:
             _ensure_writable(root)
     sources = _gather_sources(args, recipe)
@@ -280,7 +283,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         write_all_atomic({root / rel: text.encode("utf-8") for rel, text in changed.items()}, root=root)
     except OSError as exc:
-        raise ConvertError(f"cannot write to output directory {root}: {exc.strerror or exc}") from None
+        raise UserError(f"cannot write to output directory {root}: {exc.strerror or exc}") from None
     log.info("wrote %d file(s) under %s (%d unchanged)", len(changed), root, len(files) - len(changed))
     for path in extras:
         log.warning("%s is not part of the generated package: remove it (--check reports it)", path)
@@ -300,7 +303,7 @@ def _main(argv: list[str] | None) -> int:
     parser = _parser()
     try:
         args = parser.parse_args(argv)
-    except ConvertError as exc:
+    except UserError as exc:
         print(f"convert-model: error: {exc.one_line()}", file=sys.stderr)
         return 2
     except SystemExit as exc:  # --help, -V
@@ -313,7 +316,7 @@ def _main(argv: list[str] | None) -> int:
     log.propagate = False
     try:
         return _run(args)
-    except ConvertError as exc:
+    except UserError as exc:
         print(f"convert-model: error: {exc.one_line()}", file=sys.stderr)
         return 2
     except OSError as exc:  # a path the checks above did not foresee (a name too long, a loop, ...)

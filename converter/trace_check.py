@@ -19,8 +19,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from converter.errors import ConvertError
-from converter.pipeline import version_dir
+from common.errors import UserError
+from families.layout import version_dir
 from converter.recipes import get_recipe
 
 
@@ -52,8 +52,8 @@ def check(root: Path, family: str, version: str) -> tuple[int, str]:
     """(exit code, one line): 0 when every class traces."""
     import torch
 
-    from partitioning.blocks import accepted, build_model
-    from partitioning.shapes import make_config
+    from families.models import accepted, build_model
+    from families.shapes import make_config
 
     recipe = get_recipe(family)
     definition = recipe.definition
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         code, line = check(args.root, args.family, args.version)
-    except ConvertError as exc:
+    except UserError as exc:
         code, line = 2, exc.one_line()
     if line:
         print(line)

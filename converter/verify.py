@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path, PurePosixPath
 
-from converter.errors import ConvertError
+from common.errors import UserError
 
 log = logging.getLogger("converter")
 
@@ -302,7 +302,7 @@ def trace_check(mode: str, files: dict[PurePosixPath, str], family: str, package
 
     ``mode``: "never"; "always" (``--verify``: missing torch or another installed release is an
     error); "auto" (the default: run when torch and this very release of ``package`` are
-    installed, else say why not).  A blocker is a :class:`ConvertError` naming the class and the
+    installed, else say why not).  A blocker is a :class:`UserError` naming the class and the
     generated line; the files are checked in a scratch directory, so nothing is written.
     """
     if mode == "never":
@@ -310,7 +310,7 @@ def trace_check(mode: str, files: dict[PurePosixPath, str], family: str, package
     reason = _cannot_trace(package, version)
     if reason is not None:
         if mode == "always":
-            raise ConvertError(f"--verify: {reason}")
+            raise UserError(f"--verify: {reason}")
         log.info("fx check skipped: %s (pass --verify to require it)", reason)
         return
     with tempfile.TemporaryDirectory(prefix="convert-model-check-") as scratch:
@@ -324,7 +324,7 @@ def trace_check(mode: str, files: dict[PurePosixPath, str], family: str, package
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     if proc.returncode != 0:
         detail = lines[0] if proc.returncode in (1, 2) and lines else (lines[-1] if lines else "no output")
-        raise ConvertError(f"fx check of the generated {family} {version} failed: {detail}")
+        raise UserError(f"fx check of the generated {family} {version} failed: {detail}")
     log.info("fx check: every class traces with torch.fx")
 
 

@@ -6,13 +6,13 @@ import argparse
 import math
 from typing import NoReturn
 
-from partitioning.plan import PlanError
+from common.errors import UserError
 
 
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # argparse's own report is the whole usage text (18 lines) before the message.
-        raise PlanError(f"{message} ({self.prog} --help lists the options)")
+        raise UserError(f"{message} ({self.prog} --help lists the options)")
 
 
 def positive_int(text: str) -> int:

@@ -14,18 +14,21 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from converter.errors import Interrupted, terminate_as_interrupt
-from partitioning import granularity as grain
+from common.errors import Interrupted, terminate_as_interrupt
+from partitioning.cost import granularity as grain
 from partitioning.arguments import Parser, count, positive_int, positive_number
-from partitioning.calibration import Calibration, calibrate, clock
-from partitioning.costing import Chain
-from partitioning.family import ModelFamily, definitions
-from partitioning.files import check_destinations, read_text, write_outputs
+from partitioning.cost.calibration import Calibration, calibrate, clock
+from partitioning.cost.costing import Chain
+from families.family import ModelFamily, definitions
+from common.files import read_text
+from partitioning.files import check_destinations, write_outputs
 from partitioning.ipu.cli import add_ipu_arguments, ipu_config, ipu_destinations, ipu_outputs, run_ipu
-from partitioning.partition import SCHEDULES, Settings, partition
-from partitioning.placement import module_to_device
-from partitioning.plan import Plan, PlanError
-from partitioning.report import format_plan, report_error
+from partitioning.solve.partition import SCHEDULES, Settings, partition
+from partitioning.gpu.module_to_device import module_to_device
+from partitioning.plan import Plan
+from common.errors import UserError
+from partitioning.solve.report import format_plan, report_error
+from partitioning.cost.chain import family_chain
 
 MAX_CALIBRATION_BYTES = 16 << 20
 DEFAULT_BATCH = 8  # sequences per micro-batch of a GPU plan; an IPU plan's default is the family's [ipu] one
@@ -41,7 +44,7 @@ def _length(text: str) -> tuple[str, int]:
 def _granularity(text: str) -> str | int:
     try:
         return grain.parse(text)
-    except PlanError:
+    except UserError:
         raise argparse.ArgumentTypeError(f"expected 'auto', 'sublayer' or a positive number of layers per block, "
                                          f"got {text!r}") from None
 
@@ -117,7 +120,7 @@ def _launch(plan: Path, stages: int, steps: int) -> None:
     # torchrun keeps its logs (and the ranks their temporaries) in a directory it never removes: give it one of ours.
     with tempfile.TemporaryDirectory(prefix="partition-model-run-") as scratch:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={stages}",
-                   "--log-dir", scratch, "-m", "partitioning.train", "--plan", str(plan), "--steps", str(steps)]
+                   "--log-dir", scratch, "-m", "partitioning.gpu.train", "--plan", str(plan), "--steps", str(steps)]
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TMPDIR": scratch}
         _torchrun(command, env)
 
@@ -132,7 +135,7 @@ def _torchrun(command: list[str], env: dict[str, str]) -> None:
         for line in child.stdout:
             if line.startswith("step "):
                 print(line.rstrip(), flush=True)
-            if line.startswith("partitioning.train: error"):
+            if line.startswith("partitioning.gpu.train: error"):
                 reported.append(line.rstrip())
             tail = (tail + [line.rstrip()])[-40:]
         child.wait()
@@ -142,7 +145,7 @@ def _torchrun(command: list[str], env: dict[str, str]) -> None:
         if child.stdout is not None:
             child.stdout.close()
     if child.returncode:
-        raise PlanError(f"the pipelined run failed (torchrun exit {child.returncode}): "
+        raise UserError(f"the pipelined run failed (torchrun exit {child.returncode}): "
                         f"{reported[-1] if reported else _failure(tail)}")
 
 
@@ -180,7 +183,7 @@ def _lengths(args: argparse.Namespace) -> dict[str, int]:
              if name.startswith("length_") and value is not None]
     for name, value in [*args.seq_len, *flags]:
         if lengths.get(name, value) != value:
-            raise PlanError(f"sequence length {name!r} given twice: {lengths[name]} and {value}")
+            raise UserError(f"sequence length {name!r} given twice: {lengths[name]} and {value}")
         lengths[name] = value
     return lengths
 
@@ -210,14 +213,14 @@ def _check_device(name: str) -> None:
     try:
         device = torch.device(name)
     except (RuntimeError, ValueError):
-        raise PlanError(f"--device {name!r} is not a torch device (e.g. cpu, cuda, cuda:1, meta)") from None
+        raise UserError(f"--device {name!r} is not a torch device (e.g. cpu, cuda, cuda:1, meta)") from None
     if device.type == "meta":
         return
     try:
         torch.empty(1, device=device)
     except Exception as exc:  # noqa: BLE001 (each backend fails its own way: AssertionError, RuntimeError...)
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PlanError(f"--device {name}: cannot allocate there ({reason})") from None
+        raise UserError(f"--device {name}: cannot allocate there ({reason})") from None
 
 
 def _validate(args: argparse.Namespace, family: ModelFamily) -> Any:
@@ -230,32 +233,32 @@ def _validate(args: argparse.Namespace, family: ModelFamily) -> Any:
     config = None
     if args.target == "ipu":
         if args.run:
-            raise PlanError("--run trains with torch.distributed.pipelining; for IPUs use the generated code and "
+            raise UserError("--run trains with torch.distributed.pipelining; for IPUs use the generated code and "
                             "options file on a machine with the Poplar SDK (drop --run or --target ipu)")
         if args.stages is not None and args.ipus is not None and args.stages != args.ipus:
-            raise PlanError(f"--stages {args.stages} and --ipus {args.ipus} disagree: one stage per IPU")
+            raise UserError(f"--stages {args.stages} and --ipus {args.ipus} disagree: one stage per IPU")
         config = ipu_config(args, family.definition)
         args.stages, args.batch = config.ipus_per_replica, config.micro_batch_size
     if args.stages is None:
-        raise PlanError("--stages K is required (or --target ipu --ipus N)")
+        raise UserError("--stages K is required (or --target ipu --ipus N)")
     if args.batch is None:
         args.batch = DEFAULT_BATCH
     if args.run and not info.trains:
         trainers = family.training_classes()
-        raise PlanError(f"--run trains, so it needs {' or '.join(trainers) or 'a class that computes a loss'} "
+        raise UserError(f"--run trains, so it needs {' or '.join(trainers) or 'a class that computes a loss'} "
                         f"(a class whose forward returns its loss); {info.name} returns its {info.output}")
     if args.run and args.schedule == "1f1b" and args.micro_batches < args.stages:
-        raise PlanError(f"--run with the 1f1b schedule needs micro-batches ({args.micro_batches}) >= stages "
+        raise UserError(f"--run with the 1f1b schedule needs micro-batches ({args.micro_batches}) >= stages "
                         f"({args.stages}): raise --micro-batches or use --schedule gpipe")
     if args.measure and args.device == "meta":
-        raise PlanError("--measure needs a real --device (cpu or cuda)")
+        raise UserError("--measure needs a real --device (cpu or cuda)")
     if args.measure and args.calibration:
-        raise PlanError("give --measure (time blocks now) or --calibration (times measured before), not both")
+        raise UserError("give --measure (time blocks now) or --calibration (times measured before), not both")
     if args.target == "ipu" and args.granularity == grain.AUTO:
         args.granularity = 1  # IPU placement works on whole layers
     _check_device(args.device)
     if args.plot and importlib.util.find_spec("matplotlib") is None:
-        raise PlanError("--plot needs matplotlib (pip install 'hf-pipeline-convert[plot]')")
+        raise UserError("--plot needs matplotlib (pip install 'hf-pipeline-convert[plot]')")
     check_destinations(_destinations(args), _inputs(args))
     return config
 
@@ -280,7 +283,7 @@ def _plan(args: argparse.Namespace) -> tuple[list[str], dict[Path, bytes], Plan]
     granularity = args.granularity
     model = family.build(class_name, model_config, args.device)
     sublayers = granularity in (grain.AUTO, grain.SUBLAYER)
-    chain = family.chain(class_name, model_config, micro_batch, granularity if isinstance(granularity, int) else 1,
+    chain = family_chain(family, class_name, model_config, micro_batch, granularity if isinstance(granularity, int) else 1,
                          args.device, args.measure, model=model, sublayers=sublayers)
     shape = args.shape or (str(args.config) if args.config else family.definition.default_shape)
     layer_lists = family.layer_lists(class_name)
@@ -305,7 +308,7 @@ def _plan(args: argparse.Namespace) -> tuple[list[str], dict[Path, bytes], Plan]
     files = {args.output: plan.to_json().encode()}
     written = [args.output]
     if args.plot:
-        from partitioning.plot import plan_png  # matplotlib is an optional extra
+        from partitioning.solve.plot import plan_png  # matplotlib is an optional extra
 
         files[args.plot] = plan_png(plan)
         written.append(args.plot)
@@ -336,10 +339,10 @@ def _calibrate(args: argparse.Namespace) -> str:
     family = ModelFamily.load(args.family, args.version)
     class_name = args.class_name or family.definition.default_class
     if not family.class_info(class_name).trains:
-        raise PlanError(f"--calibrate times training steps: it needs a class that computes its loss, "
+        raise UserError(f"--calibrate times training steps: it needs a class that computes its loss, "
                         f"not {class_name}")
     if args.device == "meta":
-        raise PlanError("--calibrate needs a real --device (cpu or cuda)")
+        raise UserError("--calibrate needs a real --device (cpu or cuda)")
     _check_device(args.device)
     check_destinations({"--calibrate": args.calibrate}, _inputs(args))
     if not args.device.startswith("cuda"):
@@ -350,7 +353,7 @@ def _calibrate(args: argparse.Namespace) -> str:
     torch.manual_seed(0)
     model = family.build(class_name, config, args.device)
     repeats = args.measure or 5
-    chain = family.chain(class_name, config, micro_batch, 1, args.device, repeats, model=model, sublayers=True,
+    chain = family_chain(family, class_name, config, micro_batch, 1, args.device, repeats, model=model, sublayers=True,
                          clock=clock(args.device))
     inputs = family.inputs(class_name, config, micro_batch, args.device)
     described = family.describe(class_name, config, micro_batch, shape, grain.SUBLAYER)
@@ -375,7 +378,7 @@ def _main(argv: list[str] | None) -> int:
     try:
         parser = _parser()  # its flags come from the families' data
         args = parser.parse_args(argv)
-    except PlanError as exc:
+    except UserError as exc:
         return report_error(exc)
     except SystemExit as exc:  # --help
         return 0 if exc.code in (0, None) else 2
@@ -390,7 +393,7 @@ def _main(argv: list[str] | None) -> int:
         print("\n".join(report), flush=True)
         if args.run:
             _launch(args.output, args.stages, args.run_steps)
-    except (PlanError, OSError) as exc:
+    except (UserError, OSError) as exc:
         return report_error(exc)
     except Exception as exc:  # last resort: a bug or an input nobody foresaw still gets one line
         if args.verbose:

@@ -5,7 +5,7 @@ files and pipes only, UTF-8), so ``/dev/zero``, a directory or a binary file
 is one line, not a traceback or a hang.  Every file a command writes is
 checked by :func:`check_destinations` before any slow work starts, and all of
 them are written together by :func:`write_outputs`, all or nothing
-(:mod:`converter.atomic`).
+(:mod:`common.atomic`).
 """
 
 from __future__ import annotations
@@ -17,47 +17,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from converter.atomic import write_all_atomic
-from converter.fetch import read_capped
-from partitioning.plan import Plan, PlanError
+from common.atomic import write_all_atomic
+from common.files import read_text
+from partitioning.plan import Plan
+from common.errors import UserError
 
 MAX_PLAN_BYTES = 16 << 20
-
-
-def read_text(path: Path, what: str, limit: int) -> str:
-    """The UTF-8 text of the user's file ``path`` (``what`` names it in errors), at most ``limit`` bytes."""
-    try:
-        data = read_capped(path, limit)
-    except OSError as exc:
-        reason = (f"larger than {limit // 1024} KiB, too large for {what}" if exc.errno == errno.EFBIG
-                  else exc.strerror or str(exc))
-        raise PlanError(f"cannot read {what} {path}: {reason}") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PlanError(f"{what} {path} is not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r})") \
-            from None
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def parse_json(text: str) -> Any:
-    """JSON as the standard defines it: ``NaN`` and ``Infinity`` (which Python's json accepts) are errors."""
-    return json.loads(text, parse_constant=_no_constant)
-
-
-def read_json_object(path: Path, what: str, limit: int) -> dict[str, Any]:
-    """The JSON object in the user's file ``path``."""
-    text = read_text(path, what, limit)
-    try:
-        data = parse_json(text)
-    except ValueError as exc:
-        raise PlanError(f"{what} {path} is not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise PlanError(f"{what} {path} must be a JSON object, not {type(data).__name__}")
-    return data
 
 
 def read_plan(path: Path) -> Plan:
@@ -79,30 +44,30 @@ def check_destinations(paths: Mapping[str, Path], inputs: Mapping[str, Path | No
         target = os.path.realpath(path)
         clash = next((flag for flag, output in paths.items() if os.path.realpath(output) == target), None)
         if clash is not None:
-            raise PlanError(f"{clash} {paths[clash]} is the {source} file this command reads: give another path")
+            raise UserError(f"{clash} {paths[clash]} is the {source} file this command reads: give another path")
     seen: dict[str, str] = {}
     for flag, path in paths.items():
         if not str(path).strip():
-            raise PlanError(f"{flag}: empty path")
+            raise UserError(f"{flag}: empty path")
         target = os.path.realpath(path)
         if target in seen:
-            raise PlanError(f"{seen[target]} and {flag} name the same file {path}: give them different paths")
+            raise UserError(f"{seen[target]} and {flag} name the same file {path}: give them different paths")
         seen[target] = flag
         if os.path.isdir(target):
-            raise PlanError(f"{flag} {path} is a directory: name a file (e.g. {Path(path) / _default_name(flag)})")
+            raise UserError(f"{flag} {path} is a directory: name a file (e.g. {Path(path) / _default_name(flag)})")
         parent = Path(target).parent
         while not parent.exists():  # directories that are missing are created by the write
             parent = parent.parent
         if not parent.is_dir():
-            raise PlanError(f"{flag} {path}: {parent} is not a directory")
+            raise UserError(f"{flag} {path}: {parent} is not a directory")
         if not os.access(parent, os.W_OK | os.X_OK):
-            raise PlanError(f"{flag} {path}: {parent} is not writable")
+            raise UserError(f"{flag} {path}: {parent} is not writable")
     root = _journal_dir(list(paths.values()))
     existing = root
     while not existing.exists():
         existing = existing.parent
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise PlanError(f"the outputs ({', '.join(str(p) for p in paths.values())}) are written together, with a "
+        raise UserError(f"the outputs ({', '.join(str(p) for p in paths.values())}) are written together, with a "
                         f"journal in their common directory {root}, which is not writable: put them under one "
                         f"writable directory")
 

@@ -9,9 +9,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-
-class PlanError(Exception):
-    """A plan that cannot be built or used: reported as one line, exit code 2."""
+from common.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -156,7 +154,7 @@ class Plan:
         for stage in self.stages:
             if block_name in stage.blocks:
                 return stage.index
-        raise PlanError(f"unknown block name {block_name!r}")
+        raise UserError(f"unknown block name {block_name!r}")
 
     def validate(self) -> None:
         """Every stage names known blocks, and the stages cover the chain once, in order."""
@@ -164,12 +162,12 @@ class Plan:
         for stage in self.stages:
             for name in stage.blocks:
                 if name not in known:
-                    raise PlanError(f"stage {stage.index} names unknown block {name!r}")
+                    raise UserError(f"stage {stage.index} names unknown block {name!r}")
         if [s.index for s in self.stages] != list(range(len(self.stages))):
-            raise PlanError(f"stage indices must be 0..{len(self.stages) - 1}")
+            raise UserError(f"stage indices must be 0..{len(self.stages) - 1}")
         listed = [name for stage in self.stages for name in stage.blocks]
         if listed != known or any(not stage.blocks for stage in self.stages):
-            raise PlanError("the stages must cover every block once, in chain order, with no empty stage")
+            raise UserError("the stages must cover every block once, in chain order, with no empty stage")
 
     def to_json(self) -> str:
         ratio = self.ratio
@@ -181,7 +179,7 @@ class Plan:
         try:
             return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
         except ValueError:
-            raise PlanError("the plan holds a number that is not finite (NaN or infinity): check the machine "
+            raise UserError("the plan holds a number that is not finite (NaN or infinity): check the machine "
                             "settings it was made for") from None
 
     @classmethod
@@ -190,7 +188,7 @@ class Plan:
         try:
             data = json.loads(text, parse_constant=_not_a_number)
         except ValueError as exc:
-            raise PlanError(f"not a plan file: {exc}") from None
+            raise UserError(f"not a plan file: {exc}") from None
         check = _Fields("plan")
         data = check.table(data, "", ("model", "blocks", "stages"))
         model = check.table(data["model"], "model")
@@ -201,7 +199,7 @@ class Plan:
             raw = check.table(raw, where, ("name", "modules", "flops", "param_bytes", "out_bytes"))
             unknown = sorted(set(raw) - {f.name for f in fields(Block)})
             if unknown:
-                raise PlanError(f"not a plan file: {where} has an unknown field {unknown[0]!r}")
+                raise UserError(f"not a plan file: {where} has an unknown field {unknown[0]!r}")
             seconds = raw.get("seconds")
             blocks.append(Block(
                 name=check.text(raw["name"], f"{where}.name"), modules=check.texts(raw["modules"], f"{where}.modules"),
@@ -218,7 +216,7 @@ class Plan:
             raw = check.table(raw, where, ("index", "blocks", "compute", "communication", "memory_bytes"))
             unknown = sorted(set(raw) - {f.name for f in fields(Stage)})
             if unknown:
-                raise PlanError(f"not a plan file: {where} has an unknown field {unknown[0]!r}")
+                raise UserError(f"not a plan file: {where} has an unknown field {unknown[0]!r}")
             stages.append(Stage(index=check.count(raw["index"], f"{where}.index"),
                                 blocks=check.texts(raw["blocks"], f"{where}.blocks"),
                                 compute=check.number(raw["compute"], f"{where}.compute"),
@@ -238,14 +236,14 @@ def _value(check: _Fields, raw: Any, where: str) -> Value:
     raw = check.table(raw, where, ("name", "key", "bytes", "produced", "uses"))
     unknown = sorted(set(raw) - {f.name for f in fields(Value)})
     if unknown:
-        raise PlanError(f"not a plan file: {where} has an unknown field {unknown[0]!r}")
+        raise UserError(f"not a plan file: {where} has an unknown field {unknown[0]!r}")
     recompute = raw.get("recompute")
     if recompute is not None:
         at = f"{where}.recompute"
         recompute = check.table(recompute, at, ("flops", "bytes"))
         unknown = sorted(set(recompute) - {f.name for f in fields(Recompute)})
         if unknown:
-            raise PlanError(f"not a plan file: {at} has an unknown field {unknown[0]!r}")
+            raise UserError(f"not a plan file: {at} has an unknown field {unknown[0]!r}")
         inputs = []
         for index, pair in enumerate(check.sequence(recompute.get("inputs", []), f"{at}.inputs")):
             if not (isinstance(pair, list) and len(pair) == 2):
@@ -274,16 +272,16 @@ class _Fields:
     def __init__(self, what: str) -> None:
         self.what = what
 
-    def fail(self, where: str, expected: str, value: Any) -> PlanError:
+    def fail(self, where: str, expected: str, value: Any) -> UserError:
         shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-        return PlanError(f"not a {self.what} file: {where or 'the top level'} must be {expected}, got {shown}")
+        return UserError(f"not a {self.what} file: {where or 'the top level'} must be {expected}, got {shown}")
 
     def table(self, value: Any, where: str, required: Sequence[str] = ()) -> dict[str, Any]:
         if not isinstance(value, dict):
             raise self.fail(where, "a JSON object", value)
         for key in required:
             if key not in value:
-                raise PlanError(f"not a {self.what} file: {where + '.' if where else ''}{key} is missing")
+                raise UserError(f"not a {self.what} file: {where + '.' if where else ''}{key} is missing")
         return value
 
     def items(self, value: Any, where: str) -> list[Any]:

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from converter.recipes import get_recipe  # noqa: E402
-from partitioning.family import ModelFamily  # noqa: E402
+from families.family import ModelFamily  # noqa: E402
 
 
 def step(model: torch.nn.Module, kwargs: dict, stock_output: bool) -> None:

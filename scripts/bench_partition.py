@@ -31,14 +31,15 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from converter.atomic import write_atomic
-from partitioning import granularity as grain
-from partitioning.baselines import parameter_balanced_split, uniform_split
-from partitioning.costing import Chain
-from partitioning.family import ModelFamily, definitions
-from partitioning.partition import Settings, build_plan, partition
+from common.atomic import write_atomic
+from partitioning.cost import granularity as grain
+from partitioning.solve.baselines import parameter_balanced_split, uniform_split
+from partitioning.cost.costing import Chain
+from families.family import ModelFamily, definitions
+from partitioning.solve.partition import Settings, build_plan, partition
 from partitioning.plan import Plan
-from partitioning.plot import plot_ratios
+from partitioning.solve.plot import plot_ratios
+from partitioning.cost.chain import family_chain
 
 STAGES = (2, 4, 8)
 BATCH = 8
@@ -87,7 +88,7 @@ def measure(families: list[ModelFamily], shapes: set[str] | None) -> tuple[list[
             if shapes is None and shape == family.definition.verify_shape != family.definition.default_shape:
                 continue  # the converter's tiny fx-check shape: nobody pipelines it
             config = family.config(shape)
-            cost_seconds, chain = _best_of(1, lambda: family.chain(class_name, config, micro_batch, sublayers=True))
+            cost_seconds, chain = _best_of(1, lambda: family_chain(family, class_name, config, micro_batch, sublayers=True))
             layers = grain.layer_chain(chain, layer_lists)
             for stages in STAGES:
                 seconds, plan = _best_of(5, lambda: ours(chain, layer_lists, stages, SETTINGS))
@@ -132,7 +133,7 @@ def crossing_table(family: ModelFamily, shapes: list[str], stages: int = 4) -> s
              "", "| shape | before: bottleneck / ideal | before: MB over each cut | after | after: MB over each cut "
              "| after: stages start at | recomputed (MB per micro-batch each) |", "|---|---|---|---|---|---|---|"]
     for shape in shapes:
-        chain = family.chain(class_name, family.config(shape), micro_batch, sublayers=True)
+        chain = family_chain(family, class_name, family.config(shape), micro_batch, sublayers=True)
         old = before(grain.layer_chain(chain, layer_lists), stages, CLI)
         new = ours(chain, layer_lists, stages, CLI)
         by_name = {v.name: v for v in new.values}
@@ -149,7 +150,7 @@ def flop_table(family: ModelFamily, shape: str, batch: int, lengths: dict[str, i
     class_name = family.definition.default_class
     layer_lists = family.layer_lists(class_name)
     micro_batch = family.micro_batch(batch, lengths)
-    chain = family.chain(class_name, family.config(shape), micro_batch, sublayers=True)
+    chain = family_chain(family, class_name, family.config(shape), micro_batch, sublayers=True)
     layers = grain.layer_chain(chain, layer_lists)
     lines = [f"{family.name} {shape}, micro-batch {micro_batch.describe()}: forward FLOPs of the busiest stage over "
              f"the mean (FTPipe's acyclic partitioner, op-level, FLOP weights only: "

@@ -43,16 +43,18 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from converter.atomic import write_atomic  # noqa: E402
-from partitioning import granularity as grain  # noqa: E402
-from partitioning.baselines import parameter_balanced_split, uniform_split  # noqa: E402
-from partitioning.blocks import make_inputs  # noqa: E402
-from partitioning.calibration import Calibration, calibrate, clock  # noqa: E402
-from partitioning.family import ModelFamily  # noqa: E402
-from partitioning.partition import Settings, build_plan, partition  # noqa: E402
-from partitioning.pipelining import PipelineRun  # noqa: E402
-from partitioning.plan import Plan, PlanError  # noqa: E402
-from partitioning.train import device_for_rank, rebuild  # noqa: E402
+from common.atomic import write_atomic  # noqa: E402
+from partitioning.cost import granularity as grain  # noqa: E402
+from partitioning.solve.baselines import parameter_balanced_split, uniform_split  # noqa: E402
+from families.models import make_inputs  # noqa: E402
+from partitioning.cost.calibration import Calibration, calibrate, clock  # noqa: E402
+from families.family import ModelFamily  # noqa: E402
+from partitioning.solve.partition import Settings, build_plan, partition  # noqa: E402
+from partitioning.gpu.pipelining import PipelineRun  # noqa: E402
+from partitioning.plan import Plan
+from common.errors import UserError  # noqa: E402
+from partitioning.gpu.train import device_for_rank, rebuild  # noqa: E402
+from partitioning.cost.chain import family_chain
 
 SECTION = "## Pipelined training (`scripts/bench_pipeline.py`)"
 METHODS = ("ours", "uniform", "parameters")
@@ -76,7 +78,7 @@ def plans(args: argparse.Namespace, calibration: Calibration) -> dict[str, Plan]
     micro_batch = family.micro_batch(args.batch, _lengths(args.seq_len))
     layer_lists = family.layer_lists(class_name)
     settings = calibration.settings(Settings(micro_batches=args.micro_batches, schedule=args.schedule))
-    chain = family.chain(class_name, config, micro_batch, sublayers=True)
+    chain = family_chain(family, class_name, config, micro_batch, sublayers=True)
     chain = calibration.apply(chain, layer_lists, family.describe(class_name, config, micro_batch, args.shape, 1))
     layers = grain.layer_chain(chain, layer_lists)
 
@@ -102,7 +104,7 @@ def _calibrate(args: argparse.Namespace) -> Calibration:
         torch.set_num_threads(1)  # as each rank runs (and the clock is then the thread's CPU time)
     torch.manual_seed(0)
     model = family.build(class_name, config, args.device)
-    chain = family.chain(class_name, config, micro_batch, 1, args.device, args.repeats, model=model, sublayers=True,
+    chain = family_chain(family, class_name, config, micro_batch, 1, args.device, args.repeats, model=model, sublayers=True,
                          clock=clock(args.device))
     inputs = family.inputs(class_name, config, micro_batch, args.device)
     described = family.describe(class_name, config, micro_batch, args.shape, grain.SUBLAYER)
@@ -275,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.save_calibration:
                 write_atomic(args.save_calibration, calibration.to_json().encode())
         by_method = plans(args, calibration)
-    except PlanError as exc:
+    except UserError as exc:
         raise SystemExit(f"bench_pipeline: {exc}") from None
     micro_batch = ModelFamily.load(args.family, args.version).micro_batch(args.batch, _lengths(args.seq_len))
     tokens = args.micro_batches * micro_batch.batch * sum(micro_batch.lengths.values())

@@ -18,7 +18,7 @@ from converter.recipes import get_recipe  # noqa: E402
 from converter.pipeline import add_imports  # noqa: E402
 
 from transforms import REGISTRY  # noqa: E402
-from transforms.base import DEFER_IMPORT_EDITS, SUPPORT_SOURCES  # noqa: E402
+from transforms.library.base import DEFER_IMPORT_EDITS, SUPPORT_SOURCES  # noqa: E402
 
 
 def main() -> int:

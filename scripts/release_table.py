@@ -33,8 +33,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 from install_releases import install_dir, is_installed, read_releases  # noqa: E402
 from t5_release_worker import CHECKS, run_in_subprocess  # noqa: E402
 
-from converter.atomic import write_atomic  # noqa: E402
-from converter.pipeline import version_dir  # noqa: E402
+from common.atomic import write_atomic  # noqa: E402
+from families.layout import version_dir  # noqa: E402
 
 GENERATED = REPO / "generated_models"
 README = REPO / "README.md"

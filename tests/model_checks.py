@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from partitioning.family import ModelFamily
+from families.family import ModelFamily
 
 Inputs = dict[str, torch.Tensor]
 

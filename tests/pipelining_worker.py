@@ -21,9 +21,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from model_families import FAMILIES  # noqa: E402
 
 from model_checks import Family  # noqa: E402
-from partitioning.blocks import MicroBatch  # noqa: E402
-from partitioning.partition import Settings, build_plan, partition  # noqa: E402
-from partitioning.pipelining import PipelineRun  # noqa: E402
+from families.models import MicroBatch  # noqa: E402
+from partitioning.solve.partition import Settings, build_plan, partition  # noqa: E402
+from partitioning.gpu.pipelining import PipelineRun  # noqa: E402
+from partitioning.cost.chain import family_chain
 
 STEPS, PER_MICRO_BATCH = 3, 2
 
@@ -50,7 +51,7 @@ def run_case(family: Family, case: str, out: Path) -> None:
     reference = copy.deepcopy(model)
 
     micro_batch = MicroBatch(PER_MICRO_BATCH, family.train_lengths)
-    chain = models.chain(class_name, cfg, micro_batch)
+    chain = family_chain(models, class_name, cfg, micro_batch)
     # send: every crossing value is sent, as before recomputation existed
     settings = Settings(micro_batches=micro_batches, schedule=schedule, recompute="send" not in options)
     if split == "optimal":

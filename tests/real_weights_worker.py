@@ -15,10 +15,11 @@ from torch.distributed.pipelining import ScheduleGPipe
 sys.path.insert(0, str(Path(__file__).parent))
 import real_weights  # noqa: E402
 
-from partitioning.blocks import MicroBatch  # noqa: E402
-from partitioning.family import ModelFamily  # noqa: E402
-from partitioning.partition import Settings, partition  # noqa: E402
-from partitioning.pipelining import PipelineRun  # noqa: E402
+from families.models import MicroBatch  # noqa: E402
+from families.family import ModelFamily  # noqa: E402
+from partitioning.solve.partition import Settings, partition  # noqa: E402
+from partitioning.gpu.pipelining import PipelineRun  # noqa: E402
+from partitioning.cost.chain import family_chain
 
 MICRO_BATCHES = 2
 
@@ -33,7 +34,7 @@ def main() -> int:
         model.load_state_dict(real_weights.state_dict(), strict=True)
         batch = real_weights.tokenized()
         size, length = batch["input_ids"].shape
-        chain = family.chain("BertModel", config, MicroBatch(size // MICRO_BATCHES, {"sequence": length}))
+        chain = family_chain(family, "BertModel", config, MicroBatch(size // MICRO_BATCHES, {"sequence": length}))
         plan = partition(chain.blocks, 2, Settings(micro_batches=MICRO_BATCHES))
         example = {k: v[:size // MICRO_BATCHES] for k, v in batch.items()}
         run = PipelineRun(model, plan, example, micro_batches=MICRO_BATCHES, schedule="gpipe")

@@ -13,11 +13,11 @@ transformers = pytest.importorskip("transformers")
 from transformers import T5Config  # noqa: E402
 from transformers.models.t5 import modeling_t5 as stock  # noqa: E402
 
-from partitioning.family import ModelFamily  # noqa: E402
+from families.family import ModelFamily  # noqa: E402
 from partitioning.ipu.roles import Roles, roles_for  # noqa: E402
 
 generated = importlib.import_module("generated_models.t5.v4_5_1.modeling_t5")
-T5 = ModelFamily.load("t5", "4.5.1")  # the partitioner's view of T5, read from converter/recipe_data/t5.toml
+T5 = ModelFamily.load("t5", "4.5.1")  # the partitioner's view of T5, read from families/recipe_data/t5.toml
 
 __all__ = ["CLASSES", "CONFIGS", "call_kwargs", "config", "generated", "inputs", "pair", "reference_output", "stock"]
 

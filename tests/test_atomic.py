@@ -1,4 +1,4 @@
-"""converter/atomic.py, the writer both CLIs use: all or nothing under failures, real signals and crashes.
+"""common/atomic.py, the writer both CLIs use: all or nothing under failures, real signals and crashes.
 
 Signals are real: a child process runs a write and sends itself the signal at
 an exact step (after the N-th fsync while staging, after the N-th rename while
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from converter.atomic import is_temporary, recover, write_all_atomic, write_atomic
+from common.atomic import is_temporary, recover, write_all_atomic, write_atomic
 
 OLD = {"a.txt": b"old a", "sub/b.txt": b"old b"}
 NEW = {"a.txt": b"new a", "sub/b.txt": b"new b", "sub/deeper/c.txt": b"new c", "d.txt": b"new d"}
@@ -27,7 +27,7 @@ NEW = {"a.txt": b"new a", "sub/b.txt": b"new b", "sub/deeper/c.txt": b"new c", "
 DRIVER = textwrap.dedent("""
     import os, sys
     from pathlib import Path
-    from converter import atomic
+    from common import atomic
     root, phase, signum, at = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     owner, name = (atomic, "_stage") if phase == "stage" else (os, "replace")
     real, calls = getattr(owner, name), []
@@ -157,7 +157,7 @@ def test_write_atomic_refuses_a_directory_target_before_writing(tmp_path: Path) 
 FULL_DISK = textwrap.dedent("""
     import resource, signal, sys
     from pathlib import Path
-    from converter.atomic import write_all_atomic
+    from common.atomic import write_all_atomic
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG, like ENOSPC
     resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
     root = Path(sys.argv[1])
@@ -206,7 +206,7 @@ def test_a_journal_cannot_reach_outside_its_directory(tmp_path: Path) -> None:
 CONCURRENT = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from converter.atomic import write_all_atomic
+    from common.atomic import write_all_atomic
     root, tag = Path(sys.argv[1]), sys.argv[2]
     for i in range(40):
         write_all_atomic({root / name: f"{tag} {i}".encode() for name in ("a", "b/c", "b/d/e")}, root=root)

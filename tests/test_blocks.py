@@ -6,10 +6,11 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from partitioning.blocks import MicroBatch
-from partitioning.costing import BlockSpec, cost_chain
-from partitioning.plan import PlanError
+from families.models import MicroBatch
+from partitioning.cost.costing import BlockSpec, cost_chain
+from common.errors import UserError
 from t5_models import CLASSES, T5, config
+from partitioning.cost.chain import family_chain, block_specs
 
 MB = MicroBatch(batch=2, lengths={"source": 7, "target": 5})
 
@@ -17,8 +18,8 @@ MB = MicroBatch(batch=2, lengths={"source": 7, "target": 5})
 @pytest.mark.parametrize("config_name", ["1layer-relu-tied", "2layer-gelu-untied"])
 @pytest.mark.parametrize("class_name", CLASSES)
 def test_meta_costs_equal_real_costs_exactly(class_name: str, config_name: str) -> None:
-    on_meta = T5.chain(class_name, config(config_name), MB, device="meta")
-    on_cpu = T5.chain(class_name, config(config_name), MB, device="cpu")
+    on_meta = family_chain(T5, class_name, config(config_name), MB, device="meta")
+    on_cpu = family_chain(T5, class_name, config(config_name), MB, device="cpu")
     assert on_meta.blocks == on_cpu.blocks  # FLOPs, parameters, crossing and saved bytes, names
     assert on_meta.total_flops == on_cpu.total_flops > 0
 
@@ -27,7 +28,7 @@ def test_block_flops_are_flop_counter_per_module_counts_and_add_up_to_the_model(
     cfg = config("3layer-relu-untied-2dec")
     torch.manual_seed(0)
     model = T5.build("T5ForConditionalGeneration", cfg, device="cpu")
-    chain = T5.chain("T5ForConditionalGeneration", cfg, MB, model=model)
+    chain = family_chain(T5, "T5ForConditionalGeneration", cfg, MB, model=model)
     with FlopCounterMode(display=False) as counter:
         model(**T5.inputs("T5ForConditionalGeneration", cfg, MB, "cpu"))
     per_module = {name.removeprefix("T5ForConditionalGeneration."): sum(ops.values())
@@ -43,7 +44,7 @@ def test_t5_block_flops_match_the_analytic_count_on_a_large_meta_shape() -> None
     cfg = T5.config("t5-3b")
     mb = MicroBatch(batch=1, lengths={"source": 16, "target": 8})
     source = mb.lengths["source"]
-    chain = T5.chain("T5ForConditionalGeneration", cfg, mb)
+    chain = family_chain(T5, "T5ForConditionalGeneration", cfg, mb)
     tokens, inner = mb.batch * source, cfg.num_heads * cfg.d_kv
     projections = 2 * tokens * (4 * cfg.d_model * inner + 2 * cfg.d_model * cfg.d_ff)
     attention = 2 * 2 * mb.batch * cfg.num_heads * source ** 2 * cfg.d_kv  # scores and weighted values
@@ -56,7 +57,7 @@ def test_t5_block_flops_match_the_analytic_count_on_a_large_meta_shape() -> None
 def test_shared_weight_is_counted_once_at_its_first_user(config_name: str, tied: bool) -> None:
     cfg = config(config_name)
     model = T5.build("T5ForConditionalGeneration", cfg, device="cpu")
-    chain = T5.chain("T5ForConditionalGeneration", cfg, MB, model=model)
+    chain = family_chain(T5, "T5ForConditionalGeneration", cfg, MB, model=model)
     unique_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     assert sum(block.param_bytes for block in chain.blocks) == unique_bytes
     by_name = {block.name: block for block in chain.blocks}
@@ -74,7 +75,7 @@ def test_every_tensor_crossing_a_cut_is_counted() -> None:
     cfg = config("2layer-gelu-untied")
     b, s, t, d, h = MB.batch, MB.lengths["source"], MB.lengths["target"], cfg.d_model, cfg.num_heads
     ids_s, ids_t = b * s * 8, b * t * 8
-    chain = T5.chain("T5ForConditionalGeneration", cfg, MB)
+    chain = family_chain(T5, "T5ForConditionalGeneration", cfg, MB)
     by_name = {block.name: block for block in chain.blocks}
     passed_through = ids_s + 3 * ids_t  # attention mask, decoder ids and mask, labels
     # after the embedding: hidden states and the encoder's extended mask (b, 1, 1, s) in fp32
@@ -91,16 +92,16 @@ def test_every_tensor_crossing_a_cut_is_counted() -> None:
 
 def test_granularity_groups_layers_and_keeps_costs_additive() -> None:
     cfg = config("3layer-relu-untied-2dec")
-    fine = T5.chain("T5Model", cfg, MB)
-    coarse = T5.chain("T5Model", cfg, MB, layers_per_block=2)
+    fine = family_chain(T5, "T5Model", cfg, MB)
+    coarse = family_chain(T5, "T5Model", cfg, MB, layers_per_block=2)
     assert [b.name for b in coarse.blocks] == ["encoder.embed", "encoder.block.0-1", "encoder.block.2",
                                                "encoder.final", "decoder.embed", "decoder.block.0-1", "decoder.final"]
     assert coarse.blocks[1].modules == ("encoder.block.0", "encoder.block.1")
     fine_by_name = {b.name: b for b in fine.blocks}
     assert coarse.blocks[1].flops == fine_by_name["encoder.block.0"].flops + fine_by_name["encoder.block.1"].flops
     assert coarse.blocks[1].out_bytes == fine_by_name["encoder.block.1"].out_bytes
-    with pytest.raises(PlanError, match="at least 1 layer"):
-        T5.block_specs("T5Model", T5.build("T5Model", cfg), 0)
+    with pytest.raises(UserError, match="at least 1 layer"):
+        block_specs(T5, "T5Model", T5.build("T5Model", cfg), 0)
 
 
 class _Mlp(torch.nn.Module):
@@ -131,26 +132,26 @@ def test_costs_of_a_hand_checkable_chain() -> None:
 
 
 def test_measured_wall_time_on_a_real_device_and_not_on_meta() -> None:
-    chain = T5.chain("T5EncoderModel", config("1layer-relu-tied"), MB, device="cpu", measure_repeats=2)
+    chain = family_chain(T5, "T5EncoderModel", config("1layer-relu-tied"), MB, device="cpu", measure_repeats=2)
     assert all(block.seconds is not None and block.seconds > 0 for block in chain.blocks)
-    with pytest.raises(PlanError, match="meta"):
-        T5.chain("T5EncoderModel", config("1layer-relu-tied"), MB, device="meta", measure_repeats=1)
+    with pytest.raises(UserError, match="meta"):
+        family_chain(T5, "T5EncoderModel", config("1layer-relu-tied"), MB, device="meta", measure_repeats=1)
 
 
 def test_bad_specs_and_inputs_are_plan_errors() -> None:
     model = T5.build("T5EncoderModel", config("1layer-relu-tied"))
     kwargs = T5.inputs("T5EncoderModel", model.config, MB, "meta")
     absent = {"inputs_embeds": None}
-    with pytest.raises(PlanError, match="no module 'encoder.nope'"):
+    with pytest.raises(UserError, match="no module 'encoder.nope'"):
         cost_chain(model, [BlockSpec("a", ("encoder.embed_tokens",)), BlockSpec("b", ("encoder.nope",))], kwargs,
                    absent)
-    with pytest.raises(PlanError, match="does not run before"):  # out of execution order
+    with pytest.raises(UserError, match="does not run before"):  # out of execution order
         cost_chain(model, [BlockSpec("a", ("encoder.final_layer_norm",)), BlockSpec("b", ("encoder.block.0",))],
                    kwargs, absent)
-    with pytest.raises(PlanError, match="never runs"):
+    with pytest.raises(UserError, match="never runs"):
         cost_chain(model, [BlockSpec("a", ("encoder.embed_tokens",)), BlockSpec("b", ("encoder.final_layer_norm",)),
                            BlockSpec("c", ("encoder.block.0",))], kwargs, absent)
-    with pytest.raises(PlanError, match="unknown class"):
+    with pytest.raises(UserError, match="unknown class"):
         T5.build("T5ForSomething", model.config)
-    with pytest.raises(PlanError, match="positive"):
+    with pytest.raises(UserError, match="positive"):
         MicroBatch(0, {"source": 4, "target": 4})

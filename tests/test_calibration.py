@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 from t5_models import T5, config
 
-from partitioning.blocks import MicroBatch
-from partitioning.calibration import Calibration, role
+from families.models import MicroBatch
+from partitioning.cost.calibration import Calibration, role
 from partitioning.cli import main
-from partitioning.partition import Settings
-from partitioning.plan import Plan, PlanError
+from partitioning.solve.partition import Settings
+from partitioning.plan import Plan
+from common.errors import UserError
+from partitioning.cost.chain import family_chain
 
 CLASS = "T5ForConditionalGeneration"
 LAYERS = ("encoder.block", "decoder.block")
@@ -21,7 +23,7 @@ LAYERS = ("encoder.block", "decoder.block")
 
 def _calibration(micro_batch: MicroBatch) -> tuple[Calibration, dict]:
     cfg = config("2layer-gelu-tied")
-    chain = T5.chain(CLASS, cfg, micro_batch, sublayers=True)
+    chain = family_chain(T5, CLASS, cfg, micro_batch, sublayers=True)
     described = T5.describe(CLASS, cfg, micro_batch, "tiny", "sublayer")
     # 1 ns per FLOP in layers, 1 us for blocks without FLOPs
     blocks = [{"name": b.name, "flops": b.flops, "seconds": b.flops * 1e-9 or 1e-6,
@@ -39,18 +41,18 @@ def test_roles_drop_the_layer_index_only() -> None:
 def test_the_same_model_keeps_its_times_and_another_shape_scales_by_role() -> None:
     small = MicroBatch(2, {"source": 7, "target": 5})
     calibration, described = _calibration(small)
-    chain = T5.chain(CLASS, config("2layer-gelu-tied"), small, sublayers=True)
+    chain = family_chain(T5, CLASS, config("2layer-gelu-tied"), small, sublayers=True)
     same = calibration.apply(chain, LAYERS, described)
     assert [b.seconds for b in same.blocks] == [b["seconds"] for b in calibration.blocks]
     large = MicroBatch(4, {"source": 9, "target": 5})
-    bigger = T5.chain(CLASS, config("2layer-gelu-tied"), large, sublayers=True)
+    bigger = family_chain(T5, CLASS, config("2layer-gelu-tied"), large, sublayers=True)
     scaled = calibration.apply(bigger, LAYERS, {**described, "micro_batch": large.to_dict()})
     by_name = {b.name: b for b in scaled.blocks}
     for block in bigger.blocks:
         if block.flops:  # the role's rate: 1 ns per FLOP
             assert by_name[block.name].seconds == pytest.approx(block.flops * 1e-9)
     # a layer block takes its sub-layers' rate
-    layers = T5.chain(CLASS, config("2layer-gelu-tied"), large)
+    layers = family_chain(T5, CLASS, config("2layer-gelu-tied"), large)
     merged = calibration.apply(layers, LAYERS, {**described, "micro_batch": large.to_dict()})
     assert merged.blocks[1].seconds == pytest.approx(layers.blocks[1].flops * 1e-9)
     settings = calibration.settings(Settings(micro_batches=3))
@@ -61,13 +63,13 @@ def test_the_same_model_keeps_its_times_and_another_shape_scales_by_role() -> No
 def test_calibration_files_round_trip_and_bad_ones_are_one_line_errors(tmp_path: Path) -> None:
     calibration, _ = _calibration(MicroBatch(2, {"source": 7, "target": 5}))
     assert Calibration.from_json(calibration.to_json()).to_json() == calibration.to_json()
-    with pytest.raises(PlanError, match="x.json is not a calibration file"):
+    with pytest.raises(UserError, match="x.json is not a calibration file"):
         Calibration.from_json("{}", "x.json")
-    with pytest.raises(PlanError, match="non-positive"):
+    with pytest.raises(UserError, match="non-positive"):
         Calibration.from_json(replace(calibration, bandwidth=0.0).to_json())
     data = json.loads(calibration.to_json())
     data["blocks"][0]["seconds"] = -1
-    with pytest.raises(PlanError, match="bad block"):
+    with pytest.raises(UserError, match="bad block"):
         Calibration.from_json(json.dumps(data))
 
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from transform_helpers import assert_rewrites, assert_unchanged, run
-from transforms.base import TransformError
+from transforms.library.base import TransformError
 from transforms.chunked_forward import ChunkedForward
 
 HELPER = "from transformers.modeling_utils import apply_chunking_to_forward\n"

@@ -1,7 +1,7 @@
 import pytest
 
 from transform_helpers import assert_rewrites, assert_unchanged, run
-from transforms.base import TransformError
+from transforms.library.base import TransformError
 from transforms.copy_definitions import CopyDefinitions
 
 # In the shape of transformers 4.5.1's modeling_utils.py.

@@ -1,7 +1,7 @@
 """The family definition: loading and validating recipe data, and the generic machinery that reads it.
 
-Covers converter/family.py (schema, one-line errors naming file and key, shared weights read off the
-shared_weight step), partitioning/blocks.py and partitioning/family.py (chains from module patterns,
+Covers families/definition.py (schema, one-line errors naming file and key, shared weights read off the
+shared_weight step), families/models.py and families/family.py (chains from module patterns,
 inputs from specs, micro-batches, configs of named shapes), the IPU roles derived from the recipe, and
 the drafts in docs/families.md against the stock transformers 4.5.1 module trees.
 """
@@ -19,18 +19,19 @@ import pytest
 import torch
 from t5_models import T5, config
 
-from converter.errors import ConvertError
-from converter.family import InputSpec, parse_definition
-from partitioning import family as family_module
-from partitioning.blocks import MicroBatch, accepted, chain_specs, make_inputs
-from partitioning.family import ModelFamily
+from common.errors import UserError
+from families.definition import InputSpec, parse_definition
+from families import family as family_module
+from families.models import MicroBatch, accepted, make_inputs
+from partitioning.cost.blocks import chain_specs
+from families.family import ModelFamily
 from partitioning.ipu.errors import IPUError
 from partitioning.ipu.roles import Roles, derive_roles, roles_for
-from partitioning.plan import PlanError
-from partitioning.train import rebuild
+from partitioning.gpu.train import rebuild
+from partitioning.cost.chain import family_chain
 
 REPO = Path(__file__).parent.parent
-T5_TEXT = (resources.files("converter") / "recipe_data" / "t5.toml").read_text(encoding="utf-8")
+T5_TEXT = (resources.files("families") / "recipe_data" / "t5.toml").read_text(encoding="utf-8")
 
 
 def t5_data(text: str = T5_TEXT) -> dict:
@@ -101,7 +102,7 @@ def test_t5_definition_loads_with_its_shared_weights_read_off_the_shared_weight_
 ])
 def test_a_bad_key_is_one_line_naming_the_file_and_the_key(old: str, new: str, message: str) -> None:
     assert old in T5_TEXT, old
-    with pytest.raises(ConvertError) as raised:
+    with pytest.raises(UserError) as raised:
         parse_definition(t5_data(T5_TEXT.replace(old, new, 1)), "t5.toml")
     text = raised.value.one_line()
     assert text.startswith("recipe t5.toml: ") and message in text and "\n" not in text
@@ -110,9 +111,9 @@ def test_a_bad_key_is_one_line_naming_the_file_and_the_key(old: str, new: str, m
 def test_a_recipe_without_family_sections_has_no_definition_and_a_partial_one_is_an_error() -> None:
     data = {key: value for key, value in t5_data().items() if key not in ("model", "pipeline", "shapes", "ipu")}
     assert parse_definition(data, "t5.toml") is None
-    with pytest.raises(ConvertError, match=r"recipe t5.toml: the family definition needs .*\[pipeline\] is missing"):
+    with pytest.raises(UserError, match=r"recipe t5.toml: the family definition needs .*\[pipeline\] is missing"):
         parse_definition({**data, "model": t5_data()["model"]}, "t5.toml")
-    with pytest.raises(ConvertError, match=r"recipe t5.toml: \[ipu\] belongs to a family definition"):
+    with pytest.raises(UserError, match=r"recipe t5.toml: \[ipu\] belongs to a family definition"):
         parse_definition({**data, "ipu": t5_data()["ipu"]}, "t5.toml")
 
 
@@ -133,7 +134,7 @@ def test_partition_model_reports_a_misspelled_family_key_in_one_line(monkeypatch
 def test_input_specs_round_trip_through_a_plan_and_are_checked_there() -> None:
     for spec in T5.definition.inputs:
         assert InputSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
-    with pytest.raises(ConvertError, match="^plan: inputs.x.fill must be one of"):
+    with pytest.raises(UserError, match="^plan: inputs.x.fill must be one of"):
         InputSpec.from_dict({"name": "x", "shape": ["batch"], "fill": "random"})
 
 
@@ -253,16 +254,16 @@ def test_layers_group_by_granularity_and_split_into_sub_layers() -> None:
         ("backbone.layers.0.out", ("backbone.layers.0.out",))]
     without_cross = chain_specs(entries, _ForLoss(layers=1), sublayers=True)  # a sub-layer applies when it exists
     assert [s.name for s in without_cross] == ["embed", "backbone.layers.0.norm", "backbone.layers.0.out", "head"]
-    with pytest.raises(PlanError, match="at least 1 layer per block"):
+    with pytest.raises(UserError, match="at least 1 layer per block"):
         chain_specs(entries, _ForLoss(), layers_per_block=0)
 
 
 def test_a_block_whose_first_module_exists_needs_every_other_module() -> None:
     model = _ForLoss()
     del model.backbone.drop
-    with pytest.raises(PlanError, match="block 'embed': the model has backbone.embed but no backbone.drop"):
+    with pytest.raises(UserError, match="block 'embed': the model has backbone.embed but no backbone.drop"):
         chain_specs(toy().entries("ToyForLoss"), model)
-    with pytest.raises(PlanError, match="none of its family's blocks"):
+    with pytest.raises(UserError, match="none of its family's blocks"):
         chain_specs(toy().entries("ToyForLoss"), torch.nn.Linear(2, 2))
 
 
@@ -271,8 +272,8 @@ def test_sub_layer_blocks_cost_the_same_model_as_layer_blocks() -> None:
     cfg = config("2layer-gelu-tied")
     mb = MicroBatch(2, {"source": 7, "target": 5})
     model = T5.build("T5ForConditionalGeneration", cfg, "cpu")
-    layers = T5.chain("T5ForConditionalGeneration", cfg, mb, model=model)
-    split = T5.chain("T5ForConditionalGeneration", cfg, mb, model=model, sublayers=True)
+    layers = family_chain(T5, "T5ForConditionalGeneration", cfg, mb, model=model)
+    split = family_chain(T5, "T5ForConditionalGeneration", cfg, mb, model=model, sublayers=True)
     names = [block.name for block in split.blocks]
     assert names[1:3] == ["encoder.block.0.layer.0", "encoder.block.0.layer.1"]
     assert [n for n in names if n.startswith("decoder.block.1.")] == [
@@ -294,11 +295,11 @@ def test_inputs_are_drawn_in_order_from_one_seeded_generator_with_config_bounds(
     assert torch.equal(values["labels"], torch.randint(0, 11, (3, 6), generator=generator))
     assert values["mask"].dtype == torch.float32 and bool((values["mask"] == 1).all())
     assert values["flag"].shape == (3,) and values["flag"].dtype == torch.long and not values["flag"].any()
-    with pytest.raises(PlanError, match="has no sequence length 'tokens'"):
+    with pytest.raises(UserError, match="has no sequence length 'tokens'"):
         make_inputs(specs, cfg, MicroBatch(3, {"other": 6}), "cpu")
-    with pytest.raises(PlanError, match="input ids: the config has no integer 'vocab_size'"):
+    with pytest.raises(UserError, match="input ids: the config has no integer 'vocab_size'"):
         make_inputs(specs, object(), MicroBatch(3, {"tokens": 6}), "cpu")
-    with pytest.raises(PlanError, match=r"nothing to draw from \[1, 1\)"):
+    with pytest.raises(UserError, match=r"nothing to draw from \[1, 1\)"):
         make_inputs(specs, type("Config", (), {"vocab_size": 1})(), MicroBatch(3, {"tokens": 6}), "cpu")
 
 
@@ -317,20 +318,20 @@ def test_micro_batches_take_the_family_lengths_and_defaults() -> None:
     assert mb.lengths == {"source": 512, "target": 5} and mb.describe() == "2 x source 512, target 5"
     assert mb.scaled(3) == MicroBatch(6, {"source": 512, "target": 5})
     assert MicroBatch.from_dict(json.loads(json.dumps(mb.to_dict()))) == mb
-    with pytest.raises(PlanError, match="the t5 family has no sequence length 'sequence' .its lengths: source, target"):
+    with pytest.raises(UserError, match="the t5 family has no sequence length 'sequence' .its lengths: source, target"):
         T5.micro_batch(2, {"sequence": 3})
-    with pytest.raises(PlanError, match="positive integers"):
+    with pytest.raises(UserError, match="positive integers"):
         T5.micro_batch(2, {"source": 0})
 
 
 def test_named_shapes_and_their_misspelled_config_keys() -> None:
     assert T5.config().d_model == 512 and T5.config("t5-large").num_layers == 24
-    with pytest.raises(PlanError, match="unknown shape 't5-xxl'; known: t5-small, t5-base"):
+    with pytest.raises(UserError, match="unknown shape 't5-xxl'; known: t5-small, t5-base"):
         T5.config("t5-xxl")
     data = t5_data(T5_TEXT.replace("t5-base = { d_model = 768", "t5-base = { d_modle = 768", 1))
     definition = parse_definition(data, "t5.toml")
     assert definition is not None
-    with pytest.raises(PlanError, match="shape t5-base of the t5 recipe sets 'd_modle', which T5Config does not have"):
+    with pytest.raises(UserError, match="shape t5-base of the t5 recipe sets 'd_modle', which T5Config does not have"):
         ModelFamily(definition, "4.5.1").config("t5-base")
 
 
@@ -348,11 +349,11 @@ def test_the_plan_records_what_train_needs_to_rebuild_model_and_inputs() -> None
     expected = T5.inputs("T5ForConditionalGeneration", cfg, mb, "cpu", seed=3)
     assert inputs.keys() == expected.keys() and all(torch.equal(inputs[k], expected[k]) for k in inputs)
     assert described["layer_lists"] == ["encoder.block", "decoder.block"] and described["output"] == "loss"
-    with pytest.raises(PlanError, match="does not say how to rebuild its model .no 'inputs'"):
+    with pytest.raises(UserError, match="does not say how to rebuild its model .no 'inputs'"):
         rebuild({k: v for k, v in described.items() if k != "inputs"})
-    with pytest.raises(PlanError, match="the plan's module is 'os' but the t5 recipe gives 'generated_models.t5.v4_5"):
+    with pytest.raises(UserError, match="the plan's module is 'os' but the t5 recipe gives 'generated_models.t5.v4_5"):
         rebuild({**described, "module": "os"})
-    with pytest.raises(PlanError, match="need a plan of a class whose forward returns its loss; T5Model returns its"):
+    with pytest.raises(UserError, match="need a plan of a class whose forward returns its loss; T5Model returns its"):
         rebuild({**described, "class": "T5Model"})
 
 
@@ -426,7 +427,7 @@ RECIPES = {"t5": "T5", "gpt2": "GPT-2", "bert": "BERT", "roberta": "RoBERTa"}
 
 
 def recipe_sections(name: str) -> dict:
-    text = (resources.files("converter") / "recipe_data" / f"{name}.toml").read_text(encoding="utf-8")
+    text = (resources.files("families") / "recipe_data" / f"{name}.toml").read_text(encoding="utf-8")
     data = tomllib.loads(text)
     return {key: data[key] for key in ("model", "pipeline", "shapes")}
 

@@ -13,8 +13,8 @@ from libcst.codemod import CodemodContext
 from transform_helpers import MODULE, assert_rewrites, assert_unchanged
 
 from transforms import REGISTRY
-from transforms.forwarded_kwargs import DropForwardedKwargs, ForwardedKwargsOptions
-from transforms.options import OptionError, parse_options
+from transforms.drop_forwarded_kwargs import DropForwardedKwargs, ForwardedKwargsOptions
+from common.schema import OptionError, parse_options
 
 KWARGS_ANNOTATIONS = ("transformers.utils.TransformersKwargs",)
 

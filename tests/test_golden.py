@@ -1,6 +1,6 @@
 """Realistic cases: excerpts of a family's real source through its whole recipe, against reviewed output.
 
-A case ``<family>_<name>.in.py`` runs through ``converter/recipe_data/<family>.toml``.
+A case ``<family>_<name>.in.py`` runs through ``families/recipe_data/<family>.toml``.
 
 Set UPDATE_GOLDEN=1 to rewrite the .out.py files after an intended change, then review the diff.
 """

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 from t5_models import T5, config
 
-from partitioning import granularity as grain
-from partitioning.baselines import uniform_split
-from partitioning.blocks import MicroBatch
-from partitioning.partition import Settings, partition
-from partitioning.plan import PlanError
+from partitioning.cost import granularity as grain
+from partitioning.solve.baselines import uniform_split
+from families.models import MicroBatch
+from partitioning.solve.partition import Settings, partition
+from common.errors import UserError
+from partitioning.cost.chain import family_chain
 
 MB = MicroBatch(2, {"source": 7, "target": 5})
 CLASS = "T5ForConditionalGeneration"
@@ -17,8 +18,8 @@ CLASS = "T5ForConditionalGeneration"
 
 def test_merging_sub_layer_blocks_gives_the_layer_chain() -> None:
     cfg = config("2layer-gelu-tied")
-    layers = T5.chain(CLASS, cfg, MB)
-    merged = grain.layer_chain(T5.chain(CLASS, cfg, MB, sublayers=True), T5.layer_lists(CLASS))
+    layers = family_chain(T5, CLASS, cfg, MB)
+    merged = grain.layer_chain(family_chain(T5, CLASS, cfg, MB, sublayers=True), T5.layer_lists(CLASS))
     assert [(b.name, b.modules) for b in merged.blocks] == [(b.name, b.modules) for b in layers.blocks]
     for mine, theirs in zip(merged.blocks, layers.blocks):
         assert (mine.flops, mine.param_bytes, mine.out_bytes, mine.crossing, mine.shared) == \
@@ -28,7 +29,7 @@ def test_merging_sub_layer_blocks_gives_the_layer_chain() -> None:
 
 
 def test_auto_keeps_the_sub_layer_plan_only_when_it_is_better() -> None:
-    chain = T5.chain(CLASS, T5.config("t5-small"), T5.micro_batch(4, {"source": 64, "target": 32}), sublayers=True)
+    chain = family_chain(T5, CLASS, T5.config("t5-small"), T5.micro_batch(4, {"source": 64, "target": 32}), sublayers=True)
     layer_lists = T5.layer_lists(CLASS)
     settings = Settings(bandwidth=25e9)
 
@@ -50,8 +51,8 @@ def test_auto_keeps_the_sub_layer_plan_only_when_it_is_better() -> None:
 
 def test_the_uniform_split_of_sub_layer_blocks_is_the_uniform_split_of_layers() -> None:
     cfg = config("3layer-relu-untied-2dec")
-    fine = T5.chain(CLASS, cfg, MB, sublayers=True).blocks
-    coarse = T5.chain(CLASS, cfg, MB).blocks
+    fine = family_chain(T5, CLASS, cfg, MB, sublayers=True).blocks
+    coarse = family_chain(T5, CLASS, cfg, MB).blocks
     layer_lists = T5.layer_lists(CLASS)
     for stages in (2, 3):
         starts = [fine[i].first_module for i, _ in uniform_split(fine, stages, layer_lists)]
@@ -62,5 +63,5 @@ def test_the_uniform_split_of_sub_layer_blocks_is_the_uniform_split_of_layers() 
 @pytest.mark.parametrize("text,expected", [("auto", "auto"), ("sublayer", "sublayer"), ("3", 3)])
 def test_granularity_flag_values(text: str, expected: str | int) -> None:
     assert grain.parse(text) == expected
-    with pytest.raises(PlanError, match="granularity must be"):
+    with pytest.raises(UserError, match="granularity must be"):
         grain.parse("0")

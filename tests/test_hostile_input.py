@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SOURCE_CACHE, T5_MEMBER, T5_SOURCE, FakeIndex, release_members, snapshot
-from converter.atomic import is_temporary
+from common.atomic import is_temporary
 from converter.cli import main
 from converter.fetch import Fetcher
 from converter.recipes import get_recipe

@@ -97,7 +97,7 @@ def test_a_family_without_ipu_roles_is_refused(tmp_path: Path, capsys: pytest.Ca
     plan = t5_plan(t5("stateless"), 4, "stateless")
     plan.model["family"] = "nosuch"  # a family no recipe defines
     assert run_ipu(parse("nosuch", "--ipu-code", str(tmp_path / "c.py")), plan) == 2
-    from partitioning.family import definitions
+    from families.family import definitions
 
     known = ", ".join(sorted(definitions()))
     assert f"the IPU target knows no family 'nosuch' (known: {known})" in capsys.readouterr().err

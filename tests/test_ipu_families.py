@@ -16,14 +16,15 @@ import torch
 
 from model_checks import Family
 from model_families import GENERIC
-from partitioning.blocks import MicroBatch
+from families.models import MicroBatch
 from partitioning.ipu import apply
 from partitioning.ipu.codegen import write_parallelize
 from partitioning.ipu.config import IPUConfig
 from partitioning.ipu.placement import plan_ipu
 from partitioning.ipu.roles import roles_for
-from partitioning.partition import Settings, partition
+from partitioning.solve.partition import Settings, partition
 from test_ipu_t5 import CallLog, load, placed, run
+from partitioning.cost.chain import family_chain
 
 
 @pytest.fixture
@@ -49,7 +50,7 @@ def test_the_partitioners_plan_places_the_shared_weight_users_on_ipu_0_and_runs(
     model = getattr(family.generated, class_name)(config).train()
     if form == "stateless":
         model.make_stateless()
-    chain = family.model_family.chain(class_name, config, MicroBatch(2, family.train_lengths), device="cpu",
+    chain = family_chain(family.model_family, class_name, config, MicroBatch(2, family.train_lengths), device="cpu",
                                       model=model)
     plan = partition(chain.blocks, ipus, Settings(), {"family": family.name, "version": family.version,
                                                       "class": class_name, "config": config.to_dict()})

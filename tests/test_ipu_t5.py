@@ -26,6 +26,7 @@ from partitioning.ipu.config import IPUConfig
 from partitioning.ipu.errors import IPUError
 from partitioning.ipu.placement import Placement, plan_ipu
 from partitioning.plan import Block, Plan, Stage
+from partitioning.cost.chain import family_chain
 
 KEEP = IPUConfig(rebalance_shared=False)  # the plan's stages exactly, as the acceptance asks
 FORMS = ("stateful", "stateless")
@@ -213,10 +214,10 @@ def test_generated_code_and_runtime_apply_make_the_same_calls(standin, tmp_path:
 
 
 def test_the_partitioners_own_plan_places_and_runs(standin) -> None:
-    blocks = pytest.importorskip("partitioning.blocks")
-    partition = pytest.importorskip("partitioning.partition")
+    blocks = pytest.importorskip("families.models")
+    partition = pytest.importorskip("partitioning.solve.partition")
     model = t5("stateless")
-    chain = T5.chain("T5ForConditionalGeneration", model.config, blocks.MicroBatch(2, {"source": 7, "target": 5}),
+    chain = family_chain(T5, "T5ForConditionalGeneration", model.config, blocks.MicroBatch(2, {"source": 7, "target": 5}),
                      device="cpu", model=model)
     plan = partition.partition(chain.blocks, 4, partition.Settings(),
                                {"family": "t5", "version": "4.5.1", "config": model.config.to_dict()})

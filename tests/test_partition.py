@@ -9,8 +9,9 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings as hypothesis_settings, strategies as st
 
-from partitioning.partition import Settings, build_plan, min_max_split, partition
-from partitioning.plan import Block, Plan, PlanError
+from partitioning.solve.partition import Settings, build_plan, min_max_split, partition
+from partitioning.plan import Block, Plan
+from common.errors import UserError
 
 
 def chain(flops: list[int], out: list[int] | None = None, params: list[int] | None = None,
@@ -68,7 +69,7 @@ def test_partition_equals_brute_force_including_ties(problem: tuple[list[Block],
     blocks, k, s = problem
     expected = brute_force(blocks, k, s)
     if expected is None:
-        with pytest.raises(PlanError, match="no split into"):
+        with pytest.raises(UserError, match="no split into"):
             partition(blocks, k, s)
         return
     plan = partition(blocks, k, s)
@@ -94,7 +95,7 @@ def test_no_split_fits_names_the_stage_and_the_overflow() -> None:
     blocks = chain([10, 10, 10, 10], acts=[40, 40, 40, 1])
     gpipe = Settings(device_flops=1.0, micro_batches=4, schedule="gpipe", memory_limit=100.0)
     # GPipe holds all 4 micro-batches; the least-overflowing split is b0..b1 | b2..b3 at 320 B
-    with pytest.raises(PlanError, match=r"^no split into 2 stages fits 100 B per device: at best, stage 0 "
+    with pytest.raises(UserError, match=r"^no split into 2 stages fits 100 B per device: at best, stage 0 "
                                         r"\(blocks b0..b1\) needs 320 B, 220 B over$"):
         partition(blocks, 2, gpipe)
 
@@ -103,7 +104,7 @@ def test_optimizer_states_and_master_weights_count_against_memory() -> None:
     blocks = chain([10, 10, 10, 10], params=[100, 0, 0, 0])
     adam = partition(blocks, 2, Settings(device_flops=1.0, memory_limit=450.0))
     assert adam.stages[0].memory_bytes == 400  # weights, gradients, exp_avg, exp_avg_sq
-    with pytest.raises(PlanError, match=r"stage 0 \(block 'b0' alone\) needs 500 B, 50 B over$"):
+    with pytest.raises(UserError, match=r"stage 0 \(block 'b0' alone\) needs 500 B, 50 B over$"):
         partition(blocks, 2, Settings(device_flops=1.0, memory_limit=450.0, master_weights=True))
     sgd = partition(blocks, 2, Settings(device_flops=1.0, optimizer_states=0))
     assert sgd.stages[0].memory_bytes == 200
@@ -123,14 +124,14 @@ def test_measured_seconds_replace_flops_when_asked() -> None:
     blocks = [Block("a", ("a",), 1.0, 0, 0, seconds=0.5), Block("b", ("b",), 100.0, 0, 0, seconds=0.25)]
     plan = partition(blocks, 2, Settings(measured=True))
     assert [stage.compute for stage in plan.stages] == [1.5, 0.75]
-    with pytest.raises(PlanError, match="'c' has no measured time"):
+    with pytest.raises(UserError, match="'c' has no measured time"):
         partition(blocks + [Block("c", ("c",), 1.0, 0, 0)], 2, Settings(measured=True))
 
 
 @pytest.mark.parametrize("stages,message", [(0, "at least 1, got 0"), (-2, "at least 1, got -2"),
                                             (4, "cannot split 3 blocks into 4 stages")])
 def test_bad_stage_counts(stages: int, message: str) -> None:
-    with pytest.raises(PlanError, match=message):
+    with pytest.raises(UserError, match=message):
         partition(chain([1, 1, 1]), stages, Settings())
 
 
@@ -139,7 +140,7 @@ def test_bad_stage_counts(stages: int, message: str) -> None:
                                             ({"memory_limit": 0.0}, "memory limit"),
                                             ({"optimizer_states": -1}, "optimizer")])
 def test_bad_settings(kwargs: dict, message: str) -> None:
-    with pytest.raises(PlanError, match=message):
+    with pytest.raises(UserError, match=message):
         Settings(**kwargs)
 
 
@@ -158,11 +159,11 @@ def test_plan_json_round_trip_and_validation() -> None:
     assert again.blocks == plan.blocks and again.stages == plan.stages and again.settings == plan.settings
     again.validate()
     broken = Plan.from_json(plan.to_json().replace('"b"\n', '"nope"\n'))
-    with pytest.raises(PlanError, match="unknown block name 'nope'|stage 1 names unknown block 'nope'"):
+    with pytest.raises(UserError, match="unknown block name 'nope'|stage 1 names unknown block 'nope'"):
         broken.validate()
-    with pytest.raises(PlanError, match="unknown block name 'zz'"):
+    with pytest.raises(UserError, match="unknown block name 'zz'"):
         plan.stage_of("zz")
-    with pytest.raises(PlanError, match="not a plan file"):
+    with pytest.raises(UserError, match="not a plan file"):
         Plan.from_json("{}")
 
 

@@ -7,13 +7,15 @@ import itertools
 
 import pytest
 
-from partitioning.baselines import parameter_balanced_split, parameter_counts, uniform_split
-from partitioning.blocks import MicroBatch
-from partitioning.costing import Chain
-from partitioning.partition import Settings, build_plan, partition
-from partitioning.placement import module_to_device
-from partitioning.plan import Block, PlanError
+from partitioning.solve.baselines import parameter_balanced_split, parameter_counts, uniform_split
+from families.models import MicroBatch
+from partitioning.cost.costing import Chain
+from partitioning.solve.partition import Settings, build_plan, partition
+from partitioning.gpu.module_to_device import module_to_device
+from partitioning.plan import Block
+from common.errors import UserError
 from t5_models import T5, config
+from partitioning.cost.chain import family_chain
 
 LISTS = T5.layer_lists("T5ForConditionalGeneration")  # encoder.block, decoder.block
 
@@ -49,7 +51,7 @@ def test_uniform_split_keeps_non_layer_blocks_with_the_layer_before_them() -> No
     assert [[b.name for b in blocks[i:j + 1]] for i, j in segments] == [
         ["encoder.embed", "encoder.block.0", "encoder.block.1", "encoder.final", "decoder.embed"],
         ["decoder.block.0", "decoder.block.1", "decoder.final", "lm_head"]]
-    with pytest.raises(PlanError, match="4 layers, 5 stages"):
+    with pytest.raises(UserError, match="4 layers, 5 stages"):
         uniform_split(blocks, 5, LISTS)
 
 
@@ -71,7 +73,7 @@ def test_parameter_balanced_split_is_the_most_balanced_parameter_split() -> None
 
 @functools.cache
 def t5_small() -> Chain:
-    return T5.chain("T5ForConditionalGeneration", T5.config("t5-small"), MicroBatch(2, {"source": 64, "target": 32}))
+    return family_chain(T5, "T5ForConditionalGeneration", T5.config("t5-small"), MicroBatch(2, {"source": 64, "target": 32}))
 
 
 @pytest.mark.parametrize("stages", [2, 4, 8])
@@ -89,7 +91,7 @@ def test_optimal_plan_is_never_worse_than_either_baseline_on_t5_small(stages: in
 def test_module_to_device_places_every_block_module_and_the_root() -> None:
     cfg = config("1layer-relu-tied")
     model = T5.build("T5ForConditionalGeneration", cfg)
-    chain = T5.chain("T5ForConditionalGeneration", cfg, MicroBatch(2, {"source": 7, "target": 5}), model=model)
+    chain = family_chain(T5, "T5ForConditionalGeneration", cfg, MicroBatch(2, {"source": 7, "target": 5}), model=model)
     names = [b.name for b in chain.blocks]
     segments = [(0, names.index("encoder.final")), (names.index("decoder.embed"), len(names) - 1)]
     plan = build_plan(chain.blocks, segments, Settings(), {})

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from test_ipu_t5 import t5, t5_plan
 
-from converter.atomic import is_temporary
+from common.atomic import is_temporary
 from partitioning import cli
-from partitioning.family import ModelFamily
+from families.family import ModelFamily
 
 TINY = {"d_model": 16, "d_ff": 24, "d_kv": 4, "num_heads": 2, "num_layers": 2, "vocab_size": 48,
         "relative_attention_num_buckets": 8, "decoder_start_token_id": 0, "pad_token_id": 0}
@@ -351,7 +351,7 @@ def partition_model(argv: list[str], cwd: Path, hook: str = "", env: dict[str, s
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_while_costing_is_one_line_and_writes_nothing(work: Path, signum: int) -> None:
-    hook = ("import os, signal\nfrom partitioning.family import ModelFamily\n"
+    hook = ("import os, signal\nfrom families.family import ModelFamily\n"
             f"ModelFamily.chain = lambda *a, **k: os.kill(os.getpid(), {int(signum)})")
     child = partition_model(tiny("--stages", "2"), work, hook)
     out, err = child.communicate(timeout=300)
@@ -368,7 +368,7 @@ def _ranks(plan: Path) -> dict[int, int]:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"partitioning.train" in command and str(plan).encode() in command and b"-m" in command:
+        if b"partitioning.gpu.train" in command and str(plan).encode() in command and b"-m" in command:
             rank = [v for v in environ if v.startswith(b"RANK=")]
             if rank and b"torch.distributed.run" not in command:
                 found[int(rank[0][5:])] = int(entry.name)

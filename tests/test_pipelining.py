@@ -23,11 +23,12 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from partitioning.blocks import MicroBatch
-from partitioning.partition import Settings, build_plan
-from partitioning.pipelining import PipelineRun, split_spec
-from partitioning.plan import PlanError
+from families.models import MicroBatch
+from partitioning.solve.partition import Settings, build_plan
+from partitioning.gpu.pipelining import PipelineRun, split_spec
+from common.errors import UserError
 from t5_models import T5, config
+from partitioning.cost.chain import family_chain
 
 TESTS = Path(__file__).parent
 # The interpreter's own torchrun first: CI runs .venv/bin/python without activating the venv.
@@ -165,7 +166,7 @@ def test_gpipe_and_1f1b_equal_single_process_training(tmp_path: Path, family: st
 
 def tiny_plan(split: list[str]):  # type: ignore[no-untyped-def]
     cfg = config("1layer-relu-tied")
-    chain = T5.chain("T5ForConditionalGeneration", cfg, MicroBatch(2, {"source": 7, "target": 5}))
+    chain = family_chain(T5, "T5ForConditionalGeneration", cfg, MicroBatch(2, {"source": 7, "target": 5}))
     names = [block.name for block in chain.blocks]
     starts = [0] + [names.index(name) for name in split]
     return cfg, build_plan(chain.blocks, [(a, b - 1) for a, b in zip(starts, starts[1:] + [len(names)])],
@@ -177,14 +178,14 @@ def test_split_spec_cuts_before_each_later_stage_first_module() -> None:
     model = T5.build("T5ForConditionalGeneration", cfg).make_stateless()
     assert list(split_spec(plan, model, "model.")) == ["model.decoder.embed_tokens", "model.lm_head"]
     encoder_only = T5.build("T5EncoderModel", cfg)
-    with pytest.raises(PlanError, match="'decoder.embed_tokens', which the model does not have"):
+    with pytest.raises(UserError, match="'decoder.embed_tokens', which the model does not have"):
         split_spec(plan, encoder_only)
 
 
 def test_pipeline_run_needs_torchrun() -> None:
     assert not dist.is_initialized()
     cfg, plan = tiny_plan(["decoder.embed"])
-    with pytest.raises(PlanError, match="launch with torchrun"):
+    with pytest.raises(UserError, match="launch with torchrun"):
         PipelineRun(T5.build("T5ForConditionalGeneration", cfg), plan, {}, micro_batches=2, schedule="gpipe")
 
 

@@ -10,14 +10,14 @@ import pytest
 import tomllib
 from conftest import FIXTURES, REPO
 
-from converter.errors import ConvertError
+from common.errors import UserError
 from converter.fetch import Fetcher
 from converter.pipeline import transform_module
 from converter.recipes import get_recipe, parse_recipe
 from transforms import REGISTRY
 from transforms.shared_weight import SharedWeightOptions
 
-T5_TOML = (REPO / "converter/recipe_data/t5.toml").read_text()
+T5_TOML = (REPO / "families/recipe_data/t5.toml").read_text()
 STEP_NAMES = [step["name"] for step in tomllib.loads(T5_TOML)["transforms"]]
 HEAD = """\
 family = "toy"
@@ -32,7 +32,7 @@ def load(text: str) -> object:
 
 
 def error_of(text: str) -> str:
-    with pytest.raises(ConvertError) as caught:
+    with pytest.raises(UserError) as caught:
         load(text)
     message = caught.value.one_line()
     assert "\n" not in message
@@ -173,7 +173,7 @@ def test_the_t5_recipe_finds_something_for_every_step(caplog: pytest.LogCaptureF
 def test_a_transform_error_is_one_line_naming_the_transform_not_a_recipe_error(tmp_path: Path) -> None:
     text = HEAD + '\n[[transforms]]\nname = "single_output"\n[transforms.returns]\nToy = "labels"\n'
     recipe = load(text)
-    with pytest.raises(ConvertError) as caught:
+    with pytest.raises(UserError) as caught:
         transform_module(cst.parse_module("class Toy:\n    def forward(self):\n        return 1\n"), recipe, {}, "4.5.1")
     assert caught.value.one_line() == ("transform single_output does not apply to transformers 4.5.1: "
                                        "Toy.forward does not bind labels used by its recipe return value")
@@ -189,7 +189,7 @@ def test_a_bug_in_a_transform_is_not_reported_as_bad_input(monkeypatch: pytest.M
     recipe = load(HEAD + '\n[[transforms]]\nname = "size_varargs"\n')
     with pytest.raises(ValueError, match="index out of range") as caught:
         transform_module(cst.parse_module("import torch\nx = torch.ones(a, b)\n"), recipe, {}, "4.5.1")
-    assert not isinstance(caught.value, ConvertError)
+    assert not isinstance(caught.value, UserError)
     assert any("raised by transform size_varargs" in note for note in caught.value.__notes__)
 
 
@@ -214,7 +214,7 @@ def test_generated_code_that_does_not_compile_names_the_transform(monkeypatch: p
 
     monkeypatch.setattr(SizeVarargs, "leave_Call", broken)
     text = HEAD + '\n[[transforms]]\nname = "none_checks"\noptional = true\n\n[[transforms]]\nname = "size_varargs"\n'
-    with pytest.raises(ConvertError) as caught:
+    with pytest.raises(UserError) as caught:
         _render_toy(text, "import torch\n\nclass Toy:\n    pass\n\nx = torch.ones(a, b)\n")
     message = caught.value.one_line()
     assert message.startswith("generated modeling_toy.py for transformers 4.5.1: modeling_toy.py:6 does not compile")
@@ -229,7 +229,7 @@ def test_a_call_that_does_not_fit_its_callee_is_refused_with_its_origin() -> Non
               "        return x\n\n"
               "    def forward(self, x, mask):\n"
               "        return self.helper(x, mask)\n")
-    with pytest.raises(ConvertError) as caught:
+    with pytest.raises(UserError) as caught:
         _render_toy(text, source)
     assert caught.value.one_line() == (
         "generated modeling_toy.py for transformers 4.5.1: modeling_toy.py:6: the call of Toy.helper (defined at "

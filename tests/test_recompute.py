@@ -15,13 +15,15 @@ import torch
 from hypothesis import given, settings as hypothesis_settings, strategies as st
 from torch.distributed.pipelining._IR import Pipe, annotate_split_points
 
-from partitioning.blocks import MicroBatch
-from partitioning.partition import ChainCosts, Settings, build_plan, choose_recomputed, partition, recompute_seconds
-from partitioning.pipelining import CarryInputs, split_spec
-from partitioning.plan import Block, Plan, PlanError, Recompute, Value
-from partitioning.recompute_graph import Recomputation, recompute_policy
-from partitioning.slices import aten_facts, backward_slice
+from families.models import MicroBatch
+from partitioning.solve.partition import ChainCosts, Settings, build_plan, choose_recomputed, partition, recompute_seconds
+from partitioning.gpu.pipelining import CarryInputs, split_spec
+from partitioning.plan import Block, Plan, Recompute, Value
+from common.errors import UserError
+from partitioning.gpu.recompute_graph import Recomputation, recompute_policy
+from partitioning.cost.slices import aten_facts, backward_slice
 from t5_models import T5, config
+from partitioning.cost.chain import family_chain
 
 MB = MicroBatch(2, {"source": 7, "target": 5})
 ENCODER_BIAS = "encoder.block.0.layer.0.SelfAttention:float32[2, 2, 7, 7]"
@@ -68,7 +70,7 @@ def test_slices_refuse_random_draws_and_writes_across_their_boundary() -> None:
 
 def test_costing_finds_what_a_stage_can_recompute_and_what_it_needs() -> None:
     cfg = config("2layer-gelu-untied")  # dropout 0.1: hidden states depend on random draws
-    values = {v.name: v for v in T5.chain("T5ForConditionalGeneration", cfg, MB).values}
+    values = {v.name: v for v in family_chain(T5, "T5ForConditionalGeneration", cfg, MB).values}
     bias = next(v for v in values.values() if v.key == ENCODER_BIAS)
     assert bias.recompute is not None and bias.recompute.grad  # made from a trainable table
     assert bias.recompute.params == ("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",)
@@ -86,8 +88,8 @@ def test_costing_finds_what_a_stage_can_recompute_and_what_it_needs() -> None:
 
 def test_the_same_values_on_meta_and_cpu() -> None:
     cfg = config("1layer-relu-tied")
-    assert T5.chain("T5ForConditionalGeneration", cfg, MB).values == \
-        T5.chain("T5ForConditionalGeneration", cfg, MB, device="cpu").values
+    assert family_chain(T5, "T5ForConditionalGeneration", cfg, MB).values == \
+        family_chain(T5, "T5ForConditionalGeneration", cfg, MB, device="cpu").values
 
 
 def _value(name: str, key: str, size: int, produced: int, uses: tuple[int, ...], recompute: Recompute | None,
@@ -135,7 +137,7 @@ def test_stage_costs_charge_recomputation_to_each_reader_and_send_the_rest() -> 
 
 
 def test_plans_round_trip_with_their_values_and_choices() -> None:
-    chain = T5.chain("T5ForConditionalGeneration", config("2layer-gelu-untied"), MB)
+    chain = family_chain(T5, "T5ForConditionalGeneration", config("2layer-gelu-untied"), MB)
     plan = partition(chain.blocks, 3, Settings(), {}, chain.values)
     again = Plan.from_json(plan.to_json())
     assert again.values == plan.values and again.recomputed == plan.recomputed and again.stages == plan.stages
@@ -157,7 +159,7 @@ def _split(plan: Plan, cfg) -> tuple[Pipe, Recomputation, dict, torch.nn.Module]
 def test_the_rewritten_split_replays_the_bias_and_computes_the_same_loss() -> None:
     cfg = config("2layer-gelu-untied")
     cfg.dropout_rate = 0.0
-    chain = T5.chain("T5ForConditionalGeneration", cfg, MB)
+    chain = family_chain(T5, "T5ForConditionalGeneration", cfg, MB)
     names = [b.name for b in chain.blocks]
     first = names.index("encoder.block.1")
     plan = build_plan(chain.blocks, [(0, first - 1), (first, len(names) - 1)], Settings(), {}, values=chain.values)
@@ -176,23 +178,23 @@ def test_the_rewritten_split_replays_the_bias_and_computes_the_same_loss() -> No
 
 def test_a_plan_naming_a_value_the_trace_does_not_send_is_refused() -> None:
     cfg = config("2layer-gelu-untied")
-    chain = T5.chain("T5ForConditionalGeneration", cfg, MB)
+    chain = family_chain(T5, "T5ForConditionalGeneration", cfg, MB)
     names = [b.name for b in chain.blocks]
     first = names.index("encoder.block.1")
     plan = build_plan(chain.blocks, [(0, first - 1), (first, len(names) - 1)], Settings(), {}, values=chain.values)
     plan.stages[1] = replace(plan.stages[1], recompute=("encoder.block.0:float32[9, 9]",))
-    with pytest.raises(PlanError, match=r"stage 1 should recompute encoder.block.0:float32\[9, 9\], but the traced "
+    with pytest.raises(UserError, match=r"stage 1 should recompute encoder.block.0:float32\[9, 9\], but the traced "
                                         r"model sends it no such value"):
         _split(plan, cfg)
 
 
 def test_cli_defaults_recompute_the_position_bias_and_cut_inside_layers() -> None:
     """partition-model t5 --version 4.5.1 --stages 4 (t5-small, 8 x 512 -> 128, 25 GB/s): 1.80 before."""
-    from partitioning import granularity as grain
+    from partitioning.cost import granularity as grain
 
     family_config = T5.config("t5-small")
     micro_batch = T5.micro_batch(8)
-    chain = T5.chain("T5ForConditionalGeneration", family_config, micro_batch, sublayers=True)
+    chain = family_chain(T5, "T5ForConditionalGeneration", family_config, micro_batch, sublayers=True)
     layers = grain.layer_chain(chain, T5.layer_lists("T5ForConditionalGeneration"))
     settings = Settings(bandwidth=25e9, micro_batches=8)
     before = partition(layers.blocks, 4, replace(settings, recompute=False), {}, layers.values)

@@ -6,9 +6,9 @@ import pytest
 from libcst.codemod import CodemodContext
 
 from transform_helpers import assert_rewrites, assert_unchanged
-from transforms.base import EXPORTED_CLASSES
+from transforms.library.base import EXPORTED_CLASSES
 from transforms.drop_decorators import DropDecorators
-from transforms.dtype_branch import DtypeBranchLeaf
+from transforms.dtype_branch_leaf import DtypeBranchLeaf
 from transforms.item_assignment import ItemAssignment
 from transforms.leaf_calls import LeafCalls
 from transforms.optional_imports import OptionalImports
@@ -147,7 +147,7 @@ def test_leaf_calls_traced_helper_replaces_the_function_and_its_import() -> None
 
 
 def test_leaf_calls_traced_names_a_mapped_function() -> None:
-    from transforms.options import OptionError
+    from common.schema import OptionError
     with pytest.raises(OptionError, match="traced"):
         LeafCalls(CodemodContext(), calls={"torch.finfo": "stateless.finfo"}, traced=["torch.iinfo"])
 

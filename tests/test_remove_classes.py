@@ -1,7 +1,7 @@
 import pytest
 
 from transform_helpers import assert_rewrites, assert_unchanged, run
-from transforms.base import TransformError
+from transforms.library.base import TransformError
 from transforms.remove_classes import RemoveClasses
 
 MODULE = "transformers.models.gpt2.modeling_gpt2"

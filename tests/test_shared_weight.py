@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from transform_helpers import assert_rewrites, assert_unchanged, run
-from transforms.base import TransformError
-from transforms.options import OptionError
+from transforms.library.base import TransformError
+from common.schema import OptionError
 from transforms.shared_weight import SharedWeight, SharedWeightOptions
 
 COMMON = {"weight": "shared_embed_weight", "parameter": "shared_embedding"}
@@ -456,7 +456,7 @@ def test_a_class_the_module_lacks_is_a_warning() -> None:
 def test_options_are_checked(change, message: str) -> None:  # type: ignore[no-untyped-def]
     import copy
 
-    from transforms.options import parse_options
+    from common.schema import parse_options
     options = copy.deepcopy(GPT2)
     change(options)
     with pytest.raises(OptionError, match=message):

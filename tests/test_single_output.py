@@ -1,8 +1,8 @@
 import pytest
 
 from transform_helpers import assert_rewrites, assert_unchanged, run
-from transforms.base import TransformError
-from transforms.options import OptionError
+from transforms.library.base import TransformError
+from common.schema import OptionError
 from transforms.single_output import SingleOutput
 
 RETURNS = {"returns": {"LM": "loss if labels is not None else logits", "Encoder": "outputs[0]"}}
@@ -122,7 +122,7 @@ def test_a_caller_of_a_single_output_model_reads_the_value_itself() -> None:
     ("return self.other(x)[0]", "Head.forward has no call of self.transformer"),
 ])
 def test_a_caller_that_needs_more_than_the_one_value_is_an_error(body: str, message: str) -> None:
-    from transforms.base import TransformError
+    from transforms.library.base import TransformError
     code = f"""\
 class Head(Pre):
     def forward(self, x):

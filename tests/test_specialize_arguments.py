@@ -528,7 +528,7 @@ def test_positional_arguments_for_removed_parameters_are_dropped_at_local_calls(
 
 
 def test_a_positional_argument_with_effects_cannot_be_dropped() -> None:
-    from transforms.base import TransformError
+    from transforms.library.base import TransformError
     with pytest.raises(TransformError, match="cannot drop the argument `g.pop\\(\\)`"):
         run(SpecializeArguments, """\
             def helper(x, use_cache=False):
@@ -594,7 +594,7 @@ def test_an_unguarded_fact_may_state_an_expression() -> None:
 
 
 def test_a_guarded_fact_states_a_literal() -> None:
-    from transforms.options import OptionError
+    from common.schema import OptionError
     with pytest.raises(OptionError, match="not a literal constant"):
         run(SpecializeArguments, "x = 1\n", constants={},
             facts=[{"expression": "a", "value": "b", "reason": "guarded: compared with b at run time"}])
@@ -604,7 +604,7 @@ def test_a_guarded_fact_states_a_literal() -> None:
 
 
 def test_a_fact_check_must_be_an_expression() -> None:
-    from transforms.options import OptionError
+    from common.schema import OptionError
     with pytest.raises(OptionError, match="facts.\\[0\\].check|facts\\[0\\].check"):
         run(SpecializeArguments, "x = 1\n", constants={},
             facts=[{"expression": "a", "value": "False", "check": "not ("}])

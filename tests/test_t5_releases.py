@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import load_script
-from converter.pipeline import version_dir
+from families.layout import version_dir
 from t5_release_worker import CHECKS, run_in_subprocess
 
 TESTS = Path(__file__).resolve().parent

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from converter.versions import Release, VersionError, VersionRange
+from common.versions import Release, VersionError, VersionRange
 
 
 @pytest.mark.parametrize(("low", "high"), [

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 import libcst as cst
 from libcst.helpers import get_absolute_module_for_import_or_raise
 
-from transforms.base import Transform
+from transforms.library.base import Transform
 
 
 class AbsoluteImports(Transform):

@@ -10,8 +10,8 @@ import libcst.matchers as m
 from libcst.codemod import CodemodContext
 
 from transforms.analysis.literals import is_literal
-from transforms.base import Transform
-from transforms.submodules import methods
+from transforms.library.base import Transform
+from transforms.library.submodules import methods
 
 _REGISTER = m.Call(func=m.Attribute(value=m.Name(), attr=m.Name("register_buffer")),
                    args=[m.Arg(value=m.SimpleString()), m.ZeroOrMore()])

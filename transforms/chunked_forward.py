@@ -10,7 +10,7 @@ from libcst.codemod import CodemodContext
 
 from transforms.analysis.purity import is_pure
 from transforms.analysis.syntax import code_of
-from transforms.base import Transform, TransformError
+from transforms.library.base import Transform, TransformError
 
 CHUNKING = ("transformers.modeling_utils.apply_chunking_to_forward",)
 

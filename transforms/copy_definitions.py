@@ -9,8 +9,8 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 
 from transforms.analysis.syntax import dotted_name, drop_items
-from transforms.base import Transform, TransformError
-from transforms.support import Support
+from transforms.library.base import Transform, TransformError
+from transforms.library.support import Support
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from libcst.codemod.visitors import AddImportsVisitor
 
 from transforms.analysis.literals import is_bool
 from transforms.analysis.syntax import all_params, code_of
-from transforms.base import Transform
-from transforms.submodules import ClassFamily, InitSite, append_to_init, receiver
+from transforms.library.base import Transform
+from transforms.library.submodules import ClassFamily, InitSite, append_to_init, receiver
 
 _DROPOUT = "torch.nn.functional.dropout"
 # Its signature, in positional order.

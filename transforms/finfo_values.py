@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import libcst as cst
 
-from transforms.leaf_helper import LeafHelperRewrite
+from transforms.library.leaf_helper import LeafHelperRewrite
 
 
 class FinfoValues(LeafHelperRewrite):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from transforms.leaf_helper import FLOAT16, LeafHelperRewrite, block
+from transforms.library.leaf_helper import FLOAT16, LeafHelperRewrite, block
 
 
 def _positional(value: m.BaseExpressionMatchType) -> m.Arg:

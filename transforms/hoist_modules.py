@@ -12,8 +12,8 @@ from libcst.codemod import CodemodContext
 
 from transforms.analysis.literals import is_literal
 from transforms.analysis.syntax import code_of
-from transforms.base import Transform
-from transforms.submodules import ClassFamily, InitSite, append_to_init, receiver
+from transforms.library.base import Transform
+from transforms.library.submodules import ClassFamily, InitSite, append_to_init, receiver
 
 MODULE_BASES = ("torch.nn.Module", "torch.nn.modules.module.Module",
                 "transformers.modeling_utils.PreTrainedModel")

@@ -13,9 +13,9 @@ from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from transforms.analysis.names import bound_names, names_outside, names_read
 from transforms.analysis.purity import is_pure
 from transforms.analysis.syntax import all_params, code_of
-from transforms.base import Transform
+from transforms.library.base import Transform
 from transforms.dropout_module import DEFAULT_MODULE_BASES
-from transforms.submodules import ClassFamily, InitSite, append_to_init, fresh_names, receiver
+from transforms.library.submodules import ClassFamily, InitSite, append_to_init, fresh_names, receiver
 
 _DRAWS = ("random.uniform", "random.random")
 _ZERO, _ONE = m.Integer("0") | m.Float("0.0"), m.Integer("1") | m.Float("1.0")

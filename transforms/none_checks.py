@@ -11,7 +11,7 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 
 from transforms.analysis.syntax import code_of
-from transforms.base import Transform
+from transforms.library.base import Transform
 
 _IDENTITY = m.Is() | m.IsNot()
 _NONE = m.Name("None")

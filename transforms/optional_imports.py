@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from transforms.analysis.syntax import dotted_name
-from transforms.base import Transform
+from transforms.library.base import Transform
 
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError"})
 

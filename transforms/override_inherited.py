@@ -11,9 +11,9 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 
 from transforms.analysis.names import bound_names, names_read
-from transforms.base import Transform, TransformError
-from transforms.support import BUILTINS as _BUILTINS
-from transforms.support import Support, free_names
+from transforms.library.base import Transform, TransformError
+from transforms.library.support import BUILTINS as _BUILTINS
+from transforms.library.support import Support, free_names
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import libcst as cst
 
 from transforms.analysis.names import names_read
 from transforms.analysis.syntax import children
-from transforms.base import EXPORTED_CLASSES, Transform, TransformError
+from transforms.library.base import EXPORTED_CLASSES, Transform, TransformError
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 
 from transforms.analysis.names import names_read
-from transforms.base import Transform, TransformError
+from transforms.library.base import Transform, TransformError
 
 
 @dataclass(frozen=True)

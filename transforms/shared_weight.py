@@ -10,8 +10,8 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 
 from transforms.analysis.syntax import all_params, append_item, dotted_name
-from transforms.base import Transform, TransformError
-from transforms.options import OptionError
+from transforms.library.base import Transform, TransformError
+from common.schema import OptionError
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from libcst.helpers import parse_template_expression, parse_template_statement
 
 from transforms.analysis.names import imports_module
 from transforms.analysis.syntax import root_name
-from transforms.base import Transform
+from transforms.library.base import Transform
 
 _Simple = TypeVar("_Simple", cst.SimpleStatementLine, cst.SimpleStatementSuite)
 # A plain ``a.b.c`` chain: evaluating it twice is as good as once.

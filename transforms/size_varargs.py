@@ -9,7 +9,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.codemod import CodemodContext
 
-from transforms.base import Transform
+from transforms.library.base import Transform
 
 FACTORIES = ("torch.ones", "torch.zeros", "torch.empty", "torch.rand", "torch.randn")
 

@@ -17,9 +17,9 @@ from transforms.analysis.names import module_imports
 from transforms.analysis.propagation import FunctionFolder, Unsupported
 from transforms.analysis.purity import is_pure
 from transforms.analysis.syntax import all_params, code_of, drop_items, indented, is_docstring, root_name
-from transforms.base import Transform, TransformError
-from transforms.specialize_options import SpecializeOptions
-from transforms.submodules import methods
+from transforms.library.base import Transform, TransformError
+from transforms.library.specialize_options import SpecializeOptions
+from transforms.library.submodules import methods
 
 
 class SpecializeArguments(Transform):

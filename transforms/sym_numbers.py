@@ -10,7 +10,7 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 
 from transforms.analysis.syntax import children
-from transforms.base import Transform
+from transforms.library.base import Transform
 
 _SYMBOLIC = {"builtins.float": "sym_float", "builtins.int": "sym_int"}
 

@@ -10,7 +10,7 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 
 from transforms.analysis.syntax import code_of
-from transforms.base import Transform
+from transforms.library.base import Transform
 
 
 @dataclass(frozen=True)

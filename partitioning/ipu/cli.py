@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from converter.family import FamilyDefinition, PublishedLayout
+from families.definition import FamilyDefinition, PublishedLayout
 from partitioning.arguments import positive_int
 from partitioning.files import check_destinations, read_plan, write_outputs
 from partitioning.ipu.codegen import render
@@ -25,8 +25,9 @@ from partitioning.ipu.errors import IPUError
 from partitioning.ipu.memory import TERM_COLUMNS
 from partitioning.ipu.placement import Placement, plan_ipu
 from partitioning.ipu.roles import roles_for
-from partitioning.plan import Plan, PlanError
-from partitioning.report import report_error
+from partitioning.plan import Plan
+from common.errors import UserError
+from partitioning.solve.report import report_error
 
 DEFAULT_CODE = Path("ipu_parallelize.py")
 DEFAULT_OPTIONS = Path("poptorch_options.conf")
@@ -164,13 +165,13 @@ def run_ipu(args: argparse.Namespace, plan: Plan | None = None) -> int:
         report, files = ipu_outputs(args, plan, ipu_config(args, definition, plan), definition)
         write_outputs(files)
         print("\n".join([report, *(f"wrote {path}" for path in files)]))
-    except (PlanError, OSError) as exc:
+    except (UserError, OSError) as exc:
         return report_error(exc)
     return 0
 
 
 def _definition(family: str) -> FamilyDefinition | None:
-    from partitioning.family import definitions
+    from families.family import definitions
 
     return definitions().get(family)  # an unknown family is refused by roles_for, naming the known ones
 

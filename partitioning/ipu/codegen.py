@@ -10,8 +10,8 @@ from __future__ import annotations
 import keyword
 from pathlib import Path
 
-from converter import __version__
-from converter.atomic import write_atomic
+from common import __version__
+from common.atomic import write_atomic
 from partitioning.ipu.placement import Placement
 
 _HELPERS = '''

@@ -14,10 +14,10 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from converter.atomic import write_atomic
-from partitioning.files import read_json_object
+from common.atomic import write_atomic
+from common.files import read_json_object
 from partitioning.ipu.errors import IPUError, require_poptorch
-from partitioning.plan import PlanError
+from common.errors import UserError
 
 OUTPUT_MODES = {"all": "All", "sum": "Sum", "final": "Final", "default": "Default"}
 INFERENCE_EXECUTIONS = ("sharded", "pipelined")
@@ -161,7 +161,7 @@ class IPUConfig:
             data = read_json_object(path, "IPU config", _MAX_CONFIG_BYTES)
         except IPUError:
             raise
-        except PlanError as exc:
+        except UserError as exc:
             raise IPUError(str(exc)) from None
         return cls.from_dict(data, f"IPU config {path}", defaults)
 

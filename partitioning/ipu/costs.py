@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from partitioning.ipu.errors import IPUError
-from partitioning.partition import Settings, min_max_split
+from partitioning.solve.partition import Settings, min_max_split
 from partitioning.plan import Plan, Stage
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from partitioning.plan import PlanError
+from common.errors import UserError
 
 POPTORCH_MISSING = ("poptorch is required to apply an IPU placement or build poptorch.Options; it ships only "
                     "with Graphcore's Poplar SDK (not on PyPI): install the SDK and its poptorch wheel, or use "
                     "the generated code and options file on a machine that has them")
 
 
-class IPUError(PlanError):
+class IPUError(UserError):
     """A placement PopTorch would reject, or an unusable IPU config: one line naming the fix, exit code 2."""
 
 

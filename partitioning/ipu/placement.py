@@ -26,7 +26,8 @@ from partitioning.ipu.layers import count_layers, expand_layers_per_ipu, manual_
 from partitioning.ipu.memory import (IPU_MEMORY_BYTES, TERM_FIXES, TERM_NAMES, MemoryModel, MemoryTerms, Projection,
                                      StageLoad)
 from partitioning.ipu.roles import Roles
-from partitioning.plan import Block, Plan, PlanError, Stage
+from partitioning.plan import Block, Plan, Stage
+from common.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,7 @@ def _draft(plan: Plan, config: IPUConfig, roles: Roles | None, stages: Sequence[
 def _memory_model(plan: Plan, config: IPUConfig, roles: Roles | None, checkpoints: Sequence[str]) -> MemoryModel:
     states = plan.settings.get("optimizer_states", 2)
     if isinstance(states, bool) or not isinstance(states, int) or states < 0:
-        raise PlanError(f"not a plan file: settings.optimizer_states must be an integer >= 0, got {states!r}")
+        raise UserError(f"not a plan file: settings.optimizer_states must be an integer >= 0, got {states!r}")
     projection = None
     if roles is not None and roles.projection is not None:
         block = next((b for b in plan.blocks if roles.projection in (_module_of(roles, m) for m in b.modules)), None)

@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from converter.family import FamilyDefinition
-from partitioning.family import definitions
+from families.definition import FamilyDefinition
+from families.family import definitions
 from partitioning.ipu.errors import IPUError
-from partitioning.plan import PlanError
+from common.errors import UserError
 
 STATELESS_HINT = "call model.make_stateless() first"
 STATEFUL_HINT = "call model.make_stateful() first (or plan for the stateless form)"
@@ -83,7 +83,7 @@ def roles_for(family: str, class_name: str | None, config: Mapping[str, Any], st
     """The roles of a plan's model: its family by name, its class (default: the family's), its config."""
     try:
         known = definitions()
-    except PlanError as exc:
+    except UserError as exc:
         raise IPUError(str(exc)) from None
     if not isinstance(config, Mapping):
         raise IPUError(f"the plan's model.config must be a JSON object, got {config!r:.40}")

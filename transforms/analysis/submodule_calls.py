@@ -21,7 +21,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from transforms.analysis.scopes import ModuleIndex
-from transforms.submodules import ClassFamily, methods, receiver
+from transforms.library.submodules import ClassFamily, methods, receiver
 
 _MODULE_LIST = ("torch.nn.ModuleList", "torch.nn.modules.container.ModuleList")
 

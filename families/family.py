@@ -1,0 +1,143 @@
+"""A model family at one release: its recipe's family definition (``families.definition``) on the torch side.
+
+Everything the converter's checks, the partitioner, the backends and the
+benchmarks do with a family's models goes through :class:`ModelFamily`: which
+classes it has and which of them train, configs of its named shapes, building
+a generated model, the inputs of a micro-batch, and the plan's record of all
+that.  Costing its block chain is the partitioner's (``partitioning.cost.chain``).
+The knowledge itself is data in ``families/recipe_data/<family>.toml``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from common.errors import UserError
+from families.definition import ClassInfo, FamilyDefinition, InputSpec
+from families.layout import generated_package
+from families.models import MicroBatch, accepted, build_model, import_class, make_inputs
+from families.registry import definition, definitions
+from families.shapes import check_config_values, config_file_kwargs, make_config, unknown_keys
+
+__all__ = ["ModelFamily", "definition", "definitions"]
+
+MAX_TOKENS = 1 << 31  # torch's sizes are int64 and a model's square of them must be too
+
+
+def _installed(package: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+class ModelFamily:
+    """One family at one transformers release (the release its generated code was converted from)."""
+
+    def __init__(self, definition: FamilyDefinition, version: str) -> None:
+        self.definition, self.version = definition, version
+
+    @classmethod
+    def load(cls, name: str, version: str) -> ModelFamily:
+        return cls(definition(name), version)
+
+    @property
+    def name(self) -> str:
+        return self.definition.family
+
+    @property
+    def package(self) -> str:
+        """The generated package of this release (it exports every class of the recipe)."""
+        return generated_package(self.name, self.version)
+
+    def class_info(self, class_name: str) -> ClassInfo:
+        try:
+            return self.definition.classes[class_name]
+        except KeyError:
+            raise UserError(f"unknown class {class_name!r}; known: {', '.join(self.definition.classes)}") from None
+
+    def training_classes(self) -> list[str]:
+        return [name for name, info in self.definition.classes.items() if info.trains]
+
+    def model_class(self, class_name: str) -> type:
+        self.class_info(class_name)
+        try:
+            return import_class(self.package, class_name, f"no generated model {self.package} (run: convert-model "
+                                                          f"{self.name} --version {self.version})")
+        except ImportError as exc:  # generated code of one release imports that release's package
+            installed = _installed(self.definition.package)
+            raise UserError(f"{self.package} does not import ({type(exc).__name__}: {exc}): it was generated from "
+                            f"{self.definition.package} {self.version}, the installed one is {installed}") from None
+
+    def build(self, class_name: str, config: Any, device: str | torch.device = "meta") -> torch.nn.Module:
+        """A generated ``class_name`` in training mode, built directly on ``device``."""
+        return build_model(self.model_class(class_name), config, device)
+
+    def config(self, shape: str | None = None, config_file: Path | None = None) -> Any:
+        """The config of a named shape (default: the family's) or of a HuggingFace config file."""
+        if shape is not None and config_file is not None:
+            raise UserError("give a shape name or a config file, not both")
+        if config_file is not None:
+            kwargs = config_file_kwargs(config_file)
+            if not set(kwargs) & set(self.sizes()):
+                raise UserError(f"config {config_file} sets none of a {self.definition.config_class}'s sizes "
+                                f"({', '.join(self.sizes()[:4])}...): give the model's config.json")
+            check_config_values(self.definition.config_path, kwargs, self.sizes(), f"config {config_file}")
+            return make_config(self.definition.config_path, kwargs)
+        shape = shape or self.definition.default_shape
+        if shape not in self.definition.shapes:
+            raise UserError(f"unknown shape {shape!r}; known: {', '.join(self.definition.shapes)}")
+        kwargs = self.definition.shapes[shape]
+        unknown = unknown_keys(self.definition.config_path, kwargs)
+        if unknown:
+            raise UserError(f"shape {shape} of the {self.name} recipe sets {unknown[0]!r}, which "
+                            f"{self.definition.config_class} does not have")
+        return make_config(self.definition.config_path, kwargs)
+
+    def sizes(self) -> list[str]:
+        """Config keys every named shape sets to a positive integer (layer counts, widths, vocabulary...): a config
+        file must too."""
+        shapes = list(self.definition.shapes.values())
+        return [key for key in shapes[0] if all(isinstance(shape.get(key), int) and not isinstance(shape.get(key), bool)
+                                                and shape[key] > 0 for shape in shapes)]
+
+    def micro_batch(self, batch: int, lengths: Mapping[str, int] | None = None) -> MicroBatch:
+        """``batch`` sequences of the family's lengths: those given, the family's defaults for the rest."""
+        lengths = dict(lengths or {})
+        unknown = [name for name in lengths if name not in self.definition.lengths]
+        if unknown:
+            raise UserError(f"the {self.name} family has no sequence length {unknown[0]!r} "
+                            f"(its lengths: {', '.join(self.definition.lengths)})")
+        defaults = self.definition.lengths
+        sizes = {name: lengths.get(name, default) for name, default in defaults.items()}
+        longest = max(sizes.values(), default=1)
+        if batch * longest > MAX_TOKENS:  # torch's sizes are int64 and a model's square of them must be too
+            raise UserError(f"a micro-batch of {batch} x {longest} tokens is too large to cost (at most 2^31 tokens)")
+        return MicroBatch(batch, sizes)
+
+    def input_specs(self, class_name: str) -> tuple[InputSpec, ...]:
+        return accepted(self.definition.inputs, self.model_class(class_name).forward)
+
+    def inputs(self, class_name: str, config: Any, micro_batch: MicroBatch, device: str | torch.device,
+               seed: int = 0) -> dict[str, torch.Tensor]:
+        """One training micro-batch for ``class_name``: the family's inputs its forward takes."""
+        return make_inputs(self.input_specs(class_name), config, micro_batch, device, seed)
+
+    def layer_lists(self, class_name: str) -> tuple[str, ...]:
+        return self.definition.layer_lists(self.class_info(class_name).name)
+
+    def describe(self, class_name: str, config: Any, micro_batch: MicroBatch, shape: str,
+                 granularity: int | str) -> dict[str, Any]:
+        """The plan's record of the model: enough for ``partitioning.gpu.train`` to rebuild it and its inputs."""
+        return {"family": self.name, "version": self.version, "class": class_name,
+                "output": self.class_info(class_name).output, "module": self.package,
+                "config_class": self.definition.config_path, "shape": shape, "config": config.to_dict(),
+                "granularity": granularity, "micro_batch": micro_batch.to_dict(),
+                "inputs": [spec.to_dict() for spec in self.input_specs(class_name)],
+                "layer_lists": list(self.layer_lists(class_name))}

@@ -1,0 +1,86 @@
+"""Model configs to plan for: a family's named shape (its recipe's ``[shapes]``) or a HuggingFace config file.
+
+Only the shape matters for costing (the weights are never loaded), so a named
+shape is the config keyword arguments of a released checkpoint.  A config file
+is the user's: it is read capped, and checked against the config class before
+the model is built (a config of another model type, a value of the wrong type,
+a size that is not positive), so a careless file is one line, not a traceback
+from deep inside the model's constructor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from families.models import import_class
+from common.files import read_json_object
+from common.errors import UserError
+
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def config_file_kwargs(path: Path) -> dict[str, Any]:
+    """The keyword arguments stored in a HuggingFace ``config.json``."""
+    return read_json_object(path, "config", MAX_CONFIG_BYTES)
+
+
+def config_class(path: str) -> type:
+    """The config class ``package.Name`` (imported late: the partitioner itself does not need transformers)."""
+    module, _, name = path.rpartition(".")
+    return import_class(module, name)
+
+
+def check_config_values(path: str, kwargs: Mapping[str, Any], sizes: Iterable[str] = (), where: str = "config"
+                        ) -> None:
+    """Values a ``path`` config takes: its model type, the type of each value it has a default for, ``sizes`` > 0."""
+    cls = config_class(path)
+    expected = getattr(cls, "model_type", None)
+    given = kwargs.get("model_type")
+    if expected and given is not None and given != expected:
+        raise UserError(f"{where} is a {given!r} config (model_type), not {expected!r}: give a {cls.__name__} "
+                        f"config.json")
+    default = cls()
+    for key, value in kwargs.items():
+        reference = getattr(default, key, None)
+        if isinstance(reference, bool):
+            ok, kind = isinstance(value, bool), "true or false"
+        elif isinstance(reference, int):
+            ok, kind = isinstance(value, int) and not isinstance(value, bool), "an integer"
+        elif isinstance(reference, float):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            kind = "a finite number"
+        elif isinstance(reference, str):
+            ok, kind = isinstance(value, str), "a string"
+        else:
+            continue  # no default to go by (None, lists, dicts): the config class decides
+        if not ok:
+            raise UserError(f"{where}: {key} must be {kind}, got {value!r:.40}")
+    for key in sizes:
+        value = kwargs.get(key)
+        if key in kwargs and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            raise UserError(f"{where}: {key} must be a positive integer, got {value!r:.40}")
+
+
+def make_config(path: str, kwargs: Mapping[str, Any]) -> Any:
+    """A ``path`` config (e.g. ``transformers.T5Config``) from keyword arguments."""
+    cls = config_class(path)
+    try:
+        return cls(**kwargs)
+    except Exception as exc:  # noqa: BLE001 (a config's __init__ may raise anything: a read-only property, a bad enum)
+        detail = " ".join(str(exc).split())[:200]
+        raise UserError(f"bad {cls.__name__}: {type(exc).__name__}: {detail}") from None
+
+
+# Special token ids: every config had them (None by default) until transformers 5.0, whose configs
+# default only those their model declares; a model may still read another one (5.x T5 shifts labels
+# right by config.decoder_start_token_id), so setting one is no typo.
+TOKEN_IDS = frozenset({"pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "decoder_start_token_id"})
+
+
+def unknown_keys(path: str, kwargs: Mapping[str, Any]) -> list[str]:
+    """Keys a config class does not know (HF configs keep any keyword as an attribute, so a typo is silent)."""
+    default = config_class(path)()
+    return [key for key in kwargs if not hasattr(default, key) and key not in TOKEN_IDS]

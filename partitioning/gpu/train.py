@@ -1,0 +1,116 @@
+"""A few pipelined training steps of a plan on synthetic data, one stage per rank (a torchrun entry point).
+
+    torchrun --standalone --nproc-per-node K -m partitioning.gpu.train --plan plan.json [--steps 3]
+
+Uses NCCL and one GPU per rank when CUDA has enough devices, else gloo on
+CPU.  The last stage prints each step's mean micro-batch loss and time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from common.errors import UserError
+from families.definition import InputSpec
+from families.models import MicroBatch, make_inputs
+from families.family import ModelFamily
+from partitioning.files import read_plan
+from partitioning.solve.partition import Settings
+from partitioning.gpu.pipelining import TIED_SUMS, PipelineRun
+from partitioning.plan import Plan
+from families.shapes import make_config
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m partitioning.gpu.train", description=__doc__.splitlines()[0])
+    parser.add_argument("--plan", type=Path, required=True, help="plan JSON written by partition-model")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate")
+    parser.add_argument("--seed", type=int, default=0, help="same on every rank: the stages share one model")
+    parser.add_argument("--tied-sum", choices=TIED_SUMS, default="ordered")
+    return parser
+
+
+def device_for_rank() -> tuple[str, torch.device]:
+    local_rank, world = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    if torch.cuda.is_available() and torch.cuda.device_count() >= world:
+        torch.cuda.set_device(local_rank)
+        return "nccl", torch.device("cuda", local_rank)
+    return "gloo", torch.device("cpu")
+
+
+def rebuild(described: dict) -> tuple[torch.nn.Module, Any, list[InputSpec], MicroBatch]:
+    """The plan's model (same seed, same weights on every rank), its config, inputs and micro-batch.
+
+    The plan records the generated package and the config class it was costed with; they must be
+    what the family's recipe gives here (a stale plan, or one naming other code, is refused).
+    """
+    try:
+        family = ModelFamily.load(described["family"], described["version"])
+        class_name = described["class"]
+        if not family.class_info(class_name).trains:
+            raise UserError(f"training runs need a plan of a class whose forward returns its loss; "
+                            f"{class_name} returns its {family.class_info(class_name).output}")
+        for key, expected in (("module", family.package), ("config_class", family.definition.config_path)):
+            if described[key] != expected:
+                raise UserError(f"the plan's {key} is {described[key]!r} but the {family.name} recipe gives "
+                                f"{expected!r}: re-plan with partition-model")
+        config = make_config(family.definition.config_path, described["config"])
+        specs = [InputSpec.from_dict(spec) for spec in described["inputs"]]
+        micro_batch = MicroBatch.from_dict(described["micro_batch"])
+    except KeyError as exc:
+        raise UserError(f"the plan does not say how to rebuild its model (no {exc}): "
+                        f"re-plan with partition-model") from None
+    return family.build(class_name, config, "cpu"), config, specs, micro_batch
+
+
+def train(plan: Plan, steps: int, lr: float, seed: int, tied_sum: str, device: torch.device) -> list[str]:
+    torch.manual_seed(seed)
+    model, config, specs, micro_batch = rebuild(plan.model)
+    settings = Settings.from_plan(plan.settings)
+    micro_batches, schedule = settings.micro_batches, settings.schedule
+    example = make_inputs(specs, config, micro_batch, "cpu")
+    run = PipelineRun(model, plan, example, micro_batches=micro_batches, schedule=schedule, device=device,
+                      tied_sum=tied_sum)
+    optimizer = torch.optim.Adam(run.module.parameters(), lr=lr)
+    whole = micro_batch.scaled(micro_batches)
+    lines = []
+    for step in range(steps):
+        batch = {k: v.to(device) for k, v in make_inputs(specs, config, whole, "cpu", seed=seed + step + 1).items()}
+        start = time.perf_counter()
+        losses = run.step(batch)
+        optimizer.step()
+        optimizer.zero_grad()
+        seconds = time.perf_counter() - start
+        if losses:
+            mean = torch.stack([loss.detach() for loss in losses]).mean().item()
+            lines.append(f"step {step + 1}/{steps}: loss {mean:.4f} over {len(losses)} micro-batches, {seconds:.2f} s")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    backend, device = device_for_rank()
+    dist.init_process_group(backend)
+    try:
+        plan = read_plan(args.plan)
+        for line in train(plan, args.steps, args.lr, args.seed, args.tied_sum, device):
+            print(line, flush=True)
+    except (UserError, OSError) as exc:
+        print(f"partitioning.gpu.train: error (rank {dist.get_rank()}): {exc}", file=sys.stderr)
+        return 2
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

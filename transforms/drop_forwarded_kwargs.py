@@ -1,0 +1,223 @@
+"""Drop ``**kwargs`` parameters that are only passed on, and the ``**kwargs`` arguments passing them on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import libcst as cst
+
+from transforms.analysis.callees import Callees
+from transforms.analysis.scopes import ModuleIndex, Scope
+from transforms.analysis.syntax import code_of, descendants, drop_items
+from transforms.library.base import Transform
+from common.schema import OptionError
+
+_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
+# Builtins that read a function's locals by name: a use of every parameter that no name analysis sees.
+_DYNAMIC = frozenset({"builtins.locals", "builtins.vars", "builtins.eval", "builtins.exec"})
+
+
+@dataclass(frozen=True)
+class ForwardedKwargsOptions:
+    # Qualified names: only a `**` parameter whose annotation names one of them is dropped
+    # (e.g. "transformers.utils.TransformersKwargs"); empty, every `**` parameter may be.
+    annotations: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for position, name in enumerate(self.annotations):
+            if not all(part.isidentifier() for part in name.split(".")):
+                raise OptionError(f"annotations[{position}]", f"{name!r} is not a qualified name")
+
+
+class DropForwardedKwargs(Transform):
+    """Remove a ``**name`` parameter that its function only passes on, with the ``**name`` arguments.
+
+    transformers 5 threads ``**kwargs: Unpack[TransformersKwargs]`` through every
+    forward, down to an attention function that never reads it.  A pipeline stage
+    gets no such options, and ``torch.fx`` cannot unpack a dict of them ("Proxy
+    object cannot be iterated").  When every use of ``name`` in the function is a
+    ``**name`` argument of a call (or there is none), the function sees an empty
+    dict once the parameter is gone, and passing that on is passing nothing::
+
+        def forward(self, x, mask=None, **kwargs: Unpack[TransformersKwargs]):   # before
+            return self.layer(x, mask=mask, **kwargs)
+
+        def forward(self, x, mask=None):                                         # after
+            return self.layer(x, mask=mask)
+
+    Functions and methods at any depth are decided one by one, a nested
+    function's own ``**name`` by its own uses.  Kept, with a warning naming the
+    cause: a parameter read otherwise (``kwargs.get("x")``, ``kwargs["x"]``,
+    ``f(kwargs)``, ``{**kwargs}``), rebound (``kwargs = ...``, ``del kwargs``),
+    closed over by a nested function, lambda or class body, reachable through
+    ``locals()``/``vars()``/``eval``/``exec``, or taken by a call in this module
+    that resolves to the function (:mod:`transforms.analysis.callees`) and passes
+    a keyword only ``**name`` accepts or a ``**mapping`` that is not dropped with
+    it (decided to a fixed point: a kept parameter keeps the ones it is passed on
+    to).  Calls the module cannot resolve, and callers outside it, are assumed to
+    pass no extra keywords: that is what dropping the parameter means.  Imports
+    that only the dropped annotations used go with them.  Lambdas are left alone.
+    """
+
+    DESCRIPTION = "drop **kwargs parameters that are only passed on as **kwargs, with those arguments"
+    Options = ForwardedKwargsOptions
+
+    def focus(self) -> Iterable[cst.CSTNode]:
+        self._dynamic = [call for call in self.index.nodes(cst.Call)
+                         if isinstance(call.func, cst.Name) and self.qualified_names(call) & _DYNAMIC]
+        candidates: dict[int, tuple[cst.FunctionDef, list[cst.Arg]]] = {}
+        for function in self.index.nodes(cst.FunctionDef):
+            param = function.params.star_kwarg
+            if param is not None and self._selected(param):
+                forwarded = self._forwarding_arguments(function, param)
+                if forwarded is not None:
+                    candidates[id(function)] = (function, forwarded)
+        if candidates:
+            self._settle(candidates)
+        self._parameters = {id(function.params) for function, _ in candidates.values()}
+        self._arguments = {id(arg) for _, args in candidates.values() for arg in args}
+        for function, _ in candidates.values():
+            self._remove_imports(function.params.star_kwarg)
+        calls = {id(call): call for _, args in candidates.values() for arg in args
+                 if isinstance(call := self.index.parent(arg), cst.Call)}
+        return [*(function.params for function, _ in candidates.values()), *calls.values()]
+
+    # -- which parameters go ---------------------------------------------------------------------------
+    def _selected(self, param: cst.Param) -> bool:
+        if not self.options.annotations:
+            return True
+        if param.annotation is None:
+            return False
+        wanted = set(self.options.annotations)
+        return any(self.qualified_names(node) & wanted for node in descendants(param.annotation.annotation)
+                   if isinstance(node, (cst.Name, cst.Attribute)))
+
+    def _forwarding_arguments(self, function: cst.FunctionDef, param: cst.Param) -> list[cst.Arg] | None:
+        """The ``**name`` arguments that are the only uses of ``param``; None (reported) if it has others."""
+        index, name = self.index, param.name.value
+        scope = index.scope_of(param.name)
+        kept = f"**{name} of {_where(index, function)} kept"
+        rebound = [binding for binding in scope.bindings[name] if binding is not param]
+        if rebound:
+            self.report(rebound[0], f"{kept}: `{name}` is rebound in the function")
+            return None
+        for call in self._dynamic:
+            if _runs_inline(index.scope_of(call), scope):
+                self.report(call, f"{kept}: `{code_of(call.func)}` may read it")
+                return None
+        forwarded: list[cst.Arg] = []
+        for inner in index.all_scopes:
+            if index.lookup(inner, name) is not scope:
+                continue
+            inline = _runs_inline(inner, scope)
+            if not inline and name in inner.nonlocals:
+                self.report(inner.node, f"{kept}: a nested scope declares it nonlocal")
+                return None
+            for read in inner.reads[name]:
+                arg = index.parent(read)
+                if not inline:
+                    self.report(read, f"{kept}: a nested function, lambda or class body uses it")
+                    return None
+                if not (isinstance(arg, cst.Arg) and arg.star == "**" and isinstance(index.parent(arg), cst.Call)):
+                    self.report(read, f"{kept}: used other than as a `**{name}` argument")
+                    return None
+                forwarded.append(arg)
+        return forwarded
+
+    def _settle(self, candidates: dict[int, tuple[cst.FunctionDef, list[cst.Arg]]]) -> None:
+        """Keep the candidates that calls in this module pass keywords only their ``**`` parameter takes."""
+        callees = Callees(self.index)
+        sites: list[tuple[cst.Call, cst.FunctionDef]] = []
+        for call in self.index.nodes(cst.Call):
+            if any(arg.keyword is not None or arg.star == "**" for arg in call.args):
+                callee = callees.resolve(call)
+                if callee is not None and id(callee.function) in candidates:
+                    sites.append((call, callee.function))
+        changed = True
+        while changed:
+            changed = False
+            dropped = {id(arg) for _, args in candidates.values() for arg in args}
+            for call, function in sites:
+                if id(function) not in candidates:
+                    continue
+                param = function.params.star_kwarg
+                assert param is not None  # a candidate has one
+                extra = _extra_keywords(call, function, param.name.value, dropped)
+                if extra is not None:
+                    self.report(call, f"**{param.name.value} of {_where(self.index, function)} kept: "
+                                      f"this call passes {extra}")
+                    del candidates[id(function)]
+                    changed = True
+
+    def _remove_imports(self, param: cst.Param | None) -> None:
+        """Schedule the removal of the imports the dropped annotation names (each only if nothing else uses it)."""
+        if param is None or param.annotation is None:
+            return
+        index = self.index
+        for node in descendants(param.annotation.annotation):
+            parent = index.parent(node)
+            if isinstance(node, cst.Name) and not (isinstance(parent, cst.Attribute) and parent.attr is node) \
+                    and index.lookup(index.scope_of(node), node.value) is index.root:
+                self.remove_unused_import_of(node.value)
+
+    # -- the rewrite -----------------------------------------------------------------------------------
+    def leave_Parameters(self, original_node: cst.Parameters, updated_node: cst.Parameters) -> cst.Parameters:
+        return _without_star_kwarg(updated_node) if id(original_node) in self._parameters else updated_node
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        keep = [id(arg) not in self._arguments for arg in original_node.args]
+        if all(keep):
+            return updated_node
+        return updated_node.with_changes(args=drop_items(updated_node.args, keep))
+
+
+def _runs_inline(inner: Scope, scope: Scope) -> bool:
+    """Whether code in ``inner`` runs as part of ``scope``'s: it is that scope or comprehensions in it."""
+    current: Scope | None = inner
+    while current is not scope:
+        if current is None or not isinstance(current.node, _COMPREHENSIONS):
+            return False
+        current = current.parent
+    return True
+
+
+def _where(index: ModuleIndex, function: cst.FunctionDef) -> str:
+    """``Class.method`` (or ``outer.inner``): the function's name with its enclosing classes and functions."""
+    names = [a.name.value for a in index.ancestors(function) if isinstance(a, (cst.ClassDef, cst.FunctionDef))]
+    return ".".join([*reversed(names), function.name.value])
+
+
+def _extra_keywords(call: cst.Call, function: cst.FunctionDef, name: str, dropped: set[int]) -> str | None:
+    """What ``call`` passes that only ``function``'s ``**name`` may take (said in words), or None."""
+    params = function.params
+    named = {p.name.value for p in (*params.params, *params.kwonly_params)}
+    for arg in call.args:
+        if arg.star == "**" and id(arg) not in dropped:
+            return f"`**{code_of(arg.value)}`, which may hold any keyword"
+        if not arg.star and arg.keyword is not None and arg.keyword.value not in named:
+            return f"`{arg.keyword.value}=`, which only `**{name}` takes"
+    return None
+
+
+def _without_star_kwarg(params: cst.Parameters) -> cst.Parameters:
+    """``params`` without ``**name``; the item before it takes its comma (and the space before the parenthesis)."""
+    star_kwarg = params.star_kwarg
+    assert star_kwarg is not None
+    for field in ("kwonly_params", "star_arg", "params", "posonly_ind", "posonly_params"):
+        value = getattr(params, field)
+        if isinstance(value, (list, tuple)):
+            if not value:
+                continue
+            last = value[-1]
+        elif isinstance(value, (cst.Param, cst.ParamStar, cst.ParamSlash)):
+            last = value
+        else:
+            continue
+        changes: dict[str, object] = {"comma": star_kwarg.comma}
+        if isinstance(last, cst.Param):
+            changes["whitespace_after_param"] = star_kwarg.whitespace_after_param
+        last = last.with_changes(**changes)
+        replaced = [*value[:-1], last] if isinstance(value, (list, tuple)) else last
+        return params.with_changes(star_kwarg=None, **{field: replaced})
+    return params.with_changes(star_kwarg=None)
