@@ -19,6 +19,7 @@ from transformers.models.bert import modeling_bert as stock
 import real_weights
 from generated_models.bert.v4_5_1 import modeling_bert as generated
 from test_pipelining import TORCHRUN
+from threads import RANK_THREADS, threads
 
 TESTS = Path(__file__).parent
 
@@ -28,7 +29,7 @@ def reference() -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     model = stock.BertModel(real_weights.config()).eval()
     model.load_state_dict(real_weights.state_dict(), strict=True)
     batch = real_weights.tokenized()
-    with torch.no_grad():
+    with torch.no_grad(), threads():  # as the ranks of the pipelined comparison run
         return batch, model(**batch).last_hidden_state
 
 
@@ -55,7 +56,7 @@ def test_generated_bert_equals_stock_on_trained_weights(reference, form: str) ->
 def test_two_stage_pipeline_on_trained_weights(reference, tmp_path: Path) -> None:
     batch, expected = reference
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": str(RANK_THREADS)}
     result = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node=2", str(TESTS / "real_weights_worker.py"),
                              str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
