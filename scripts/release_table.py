@@ -11,8 +11,8 @@ For every release of scripts/transformers_releases.txt (installed side by side b
   stateless-train, state-dict and dropout-active; fx = symbolic_trace; export = strict and non-strict;
   partition-model = a 2-stage plan of every class of the committed package.
 A cell is "yes" or "**no**" with the first failure. Markdown goes to stdout, one progress line per release
-to stderr; --readme also writes the table into README.md between its release-table markers. Exit 0 when every
-row is all "yes", 1 otherwise, 2 on bad arguments or a missing install.
+to stderr; --readme also writes the table into docs/t5_releases.md between its release-table markers. Exit 0
+when every row is all "yes", 1 otherwise, 2 on bad arguments or a missing install.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from common.atomic import write_atomic  # noqa: E402
 from families.layout import version_dir  # noqa: E402
 
 GENERATED = REPO / "generated_models"
-README = REPO / "README.md"
+TABLE_PAGE = REPO / "docs" / "t5_releases.md"  # where --readme writes the table
 MARKERS = ("<!-- release-table: scripts/release_table.py --readme -->\n", "<!-- /release-table -->\n")
 COLUMNS = {
     "eval/train/grads equal to stock": ("eval", "train", "dropout-active", "state-dict", "stateless-eval",
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--committed-only", action="store_true", help="only releases with a committed package")
     parser.add_argument("--json", type=Path, help="also write the worker results here")
     parser.add_argument("--jobs", type=int, default=2, help="releases checked at once (default 2)")
-    parser.add_argument("--readme", action="store_true", help="also write the table into README.md")
+    parser.add_argument("--readme", action="store_true", help="also write the table into docs/t5_releases.md")
     args = parser.parse_args(argv)
     listed = {release.version: release for release in read_releases()}
     chosen = args.releases.split(",") if args.releases else list(listed)
@@ -128,13 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     table += "".join("| " + " | ".join(cells) + " |\n" for cells in rows)
     sys.stdout.write(table)
     if args.readme:
-        text = README.read_text(encoding="utf-8")
+        text = TABLE_PAGE.read_text(encoding="utf-8")
         start, end = text.find(MARKERS[0]), text.find(MARKERS[1])
         if start < 0 or end < start:
-            print(f"release-table: error: README.md has no {MARKERS[0].strip()} ... {MARKERS[1].strip()} markers",
-                  file=sys.stderr)
+            print(f"release-table: error: {TABLE_PAGE.relative_to(REPO)} has no {MARKERS[0].strip()} ... "
+                  f"{MARKERS[1].strip()} markers", file=sys.stderr)
             return 2
-        write_atomic(README, (text[:start + len(MARKERS[0])] + table + text[end:]).encode("utf-8"))
+        write_atomic(TABLE_PAGE, (text[:start + len(MARKERS[0])] + table + text[end:]).encode("utf-8"))
     if args.json:
         args.json.write_text(json.dumps(records, indent=2) + "\n", encoding="utf-8")
     return 0 if all(c == "yes" for cells in rows for c in cells[1:]) else 1
