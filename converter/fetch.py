@@ -11,7 +11,6 @@ read: nothing is ever extracted to a path taken from the archive.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import logging
@@ -28,8 +27,8 @@ from importlib import metadata
 from pathlib import Path, PurePosixPath
 
 from common.atomic import write_atomic
-from common.files import MAX_SOURCE_BYTES, read_capped
 from common.errors import UserError
+from common.files import MAX_SOURCE_BYTES, read_capped
 from common.versions import Release, VersionError
 
 log = logging.getLogger("converter")

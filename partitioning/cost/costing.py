@@ -51,10 +51,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
-from partitioning.cost.crossing import NodeCosts, crossing_values
-from partitioning.plan import Block, Value
 from common.errors import UserError
+from partitioning.cost.crossing import NodeCosts, crossing_values
 from partitioning.cost.slices import OpFacts
+from partitioning.plan import Block, Value
 
 
 @dataclass(frozen=True)
