@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import FakeIndex, isolate_pip, load_script
+
 from converter.recipes import load_recipes
 
 installer = load_script("install_releases")

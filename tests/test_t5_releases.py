@@ -17,11 +17,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import load_script
+from t5_release_worker import CHECKS, run_in_subprocess
+
 from converter.recipes import load_recipes
 from families.layout import version_dir
-from t5_release_worker import CHECKS, run_in_subprocess
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
