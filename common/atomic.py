@@ -31,23 +31,20 @@ whose handler did not raise).
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import re
 import secrets
 import shutil
-import signal
-import threading
-import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, suppress
+from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.write_guard import check_signals, held_signals, locked
+
 _JOURNAL = re.compile(r"^\.atomic-write\.(?P<pid>\d+)\.journal$")
 _LEFTOVER = re.compile(r"^\..+\.(?P<pid>\d+)\.[0-9a-f]{8}\.(tmp|bak)$")
-_HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _MAX_JOURNAL_BYTES = 1 << 20
 
 
@@ -73,12 +70,12 @@ def write_all_atomic(files: Mapping[Path, bytes], root: Path | None = None) -> N
                                        os.path.commonpath([target.parent for target in targets])))
     if any(journal_dir not in target.parents for target in targets):
         raise ValueError(f"write_all_atomic: every target must lie under {journal_dir}")
-    with _held_signals() as pending:
+    with held_signals() as pending:
         above = _missing_dirs([journal_dir])
         try:
             for directory in above:
                 os.mkdir(directory)
-            with _locked(journal_dir, pending):
+            with locked(journal_dir, pending):
                 for directory in dict.fromkeys([journal_dir, *(target.parent for target in targets)]):
                     _clean(directory)
                 _commit(targets, journal_dir, pending)
@@ -92,7 +89,7 @@ def recover(directory: Path) -> None:
     directory = Path(os.path.abspath(directory))
     if not directory.is_dir():
         return
-    with _held_signals() as pending, _locked(directory, pending):
+    with held_signals() as pending, locked(directory, pending):
         _clean(directory)
 
 
@@ -120,13 +117,13 @@ def _commit(targets: dict[Path, bytes], journal_dir: Path, pending: list[int]) -
         for directory in new_dirs:
             os.mkdir(directory)
         for entry in plan:
-            _check(pending)
+            check_signals(pending)
             _stage(entry.temp, targets[entry.target])
         for entry in plan:
             if entry.backup is not None:
                 _backup(entry.target, entry.backup)
         for entry in plan:
-            _check(pending)
+            check_signals(pending)
             os.replace(entry.temp, entry.target)
         for directory in dict.fromkeys(target.parent for target in targets):
             _fsync_dir(directory)
@@ -290,51 +287,3 @@ def _alive(pid: int) -> bool:
     except OverflowError:
         return False  # no process has such a number
     return True
-
-
-# -- signals and locking ---------------------------------------------------------------------------------------
-
-
-@contextmanager
-def _held_signals() -> Iterator[list[int]]:
-    pending: list[int] = []  # signals received while held, in order
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for signum in _HELD_SIGNALS:
-            if signal.getsignal(signum) in (signal.SIG_IGN, None):  # ignored, or not set from Python: leave it
-                continue
-            previous[signum] = signal.signal(signum, lambda number, frame: pending.append(number))
-    try:
-        yield pending
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        for number in dict.fromkeys(pending):
-            signal.raise_signal(number)  # the restored handler acts now: KeyboardInterrupt, exit, ...
-
-
-def _check(pending: list[int]) -> None:
-    if pending:
-        raise InterruptedError(errno.EINTR, f"interrupted by {signal.Signals(pending[0]).name}")
-
-
-@contextmanager
-def _locked(directory: Path, pending: list[int]) -> Iterator[None]:
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        yield  # cannot lock here: writes still roll back, they are just not serialized
-        return
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:  # another writer commits here: wait, but stay interruptible
-                _check(pending)
-                time.sleep(0.02)
-            except OSError:
-                break  # no flock on this file system
-        yield
-    finally:
-        os.close(fd)

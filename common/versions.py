@@ -1,11 +1,14 @@
-"""Release numbers and ranges of them (the PEP 440 subset package releases use), stdlib only.
+"""Release numbers and ranges of them (the PEP 440 subset package releases use): the one parser.
 
-A *release* is ``N(.N)*`` with an optional pre-release (``a``/``b``/``rc`` N),
-post-release (``.postN``) or dev-release (``.devN``) suffix: ``4.5.1``,
-``5.0.0rc1``.  A *range* is comma-separated clauses that must all hold, each an
-operator (``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=``) and a release, where
-``==``/``!=`` may end in ``.*`` (a prefix match): ``">=4.20,<4.46"``,
-``"==4.5.*"``.  Missing trailing components are zeros (``4.20 == 4.20.0``);
+Every release number the project reads goes through :meth:`Release.parse`: a
+``--version``, a recipe's verified releases and ranges, the install script's
+dependency eras.  A *release* is ``N(.N){0,3}`` with an optional pre-release
+(``a``/``b``/``rc`` N), post-release (``.postN``) or dev-release (``.devN``)
+suffix, spelled as the registry spells it (no leading zeros, no blanks, at most
+64 characters: pip would fetch 4.5.1 for 04.5.1): ``4.5.1``, ``5.0.0rc1``.
+A *range* is comma-separated clauses that must all hold, each an operator
+(``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=``) and a release, where ``==``/``!=``
+may end in ``.*`` (a prefix match): ``">=4.20,<4.46"``, ``"==4.5.*"``.  Missing trailing components are zeros (``4.20 == 4.20.0``);
 as PEP 440 says, ``<V`` does not admit pre-releases of ``V`` itself.
 """
 
@@ -17,7 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-_RELEASE = re.compile(r"(\d+(?:\.\d+)*)(?:(a|b|rc)(\d+))?(?:\.post(\d+))?(?:\.dev(\d+))?")
+_NUMBER = r"(?:0|[1-9]\d*)"
+_RELEASE = re.compile(rf"({_NUMBER}(?:\.{_NUMBER}){{0,3}})(?:(a|b|rc)({_NUMBER}))?(?:\.post({_NUMBER}))?"
+                      rf"(?:\.dev({_NUMBER}))?")
+_MAX_LENGTH = 64
 _CLAUSE = re.compile(r"\s*(==|!=|<=|>=|<|>)\s*([0-9][0-9a-z.]*?)(\.\*)?\s*")
 _PHASES = {"a": 0, "b": 1, "rc": 2}
 _FINAL = 3
@@ -38,7 +44,7 @@ class Release:
 
     @classmethod
     def parse(cls, text: str) -> Release:
-        found = _RELEASE.fullmatch(text.strip())
+        found = _RELEASE.fullmatch(text) if len(text) <= _MAX_LENGTH else None
         if found is None:
             raise VersionError(f"{text!r} is not a release number")
         numbers, phase, phase_number, post, dev = found.groups()

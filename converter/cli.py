@@ -17,6 +17,7 @@ from common.atomic import is_temporary, recover, write_all_atomic
 from common.errors import Interrupted, terminate_as_interrupt
 from common.errors import UserError
 from common.files import read_capped
+from common.versions import Release
 from converter.fetch import (ORIGINS, Fetcher, SourceFile, default_cache_dir, read_source_file,
                              validate_version)
 from converter.pipeline import Conversion, render
@@ -122,19 +123,9 @@ def _gather_sources(args: argparse.Namespace, recipe: Recipe) -> dict[str, Sourc
     return local
 
 
-def _release(version: str) -> tuple[int, ...] | str:
-    parts = version.split(".")
-    if not all(part.isdigit() for part in parts):
-        return version
-    numbers = [int(part) for part in parts]
-    while len(numbers) > 1 and numbers[-1] == 0:
-        numbers.pop()
-    return tuple(numbers)
-
-
 def _check_version(recipe: Recipe, version: str) -> None:
     for known in recipe.known_versions:
-        if known != version and _release(known) == _release(version):
+        if known != version and Release.parse(known) == Release.parse(version):
             raise UserError(f"version {version} is release {known} spelled differently",
                                hint=f"pass --version {known}")
 

@@ -11,7 +11,6 @@ read: nothing is ever extracted to a path taken from the archive.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import logging
@@ -28,16 +27,14 @@ from importlib import metadata
 from pathlib import Path, PurePosixPath
 
 from common.atomic import write_atomic
-from common.files import MAX_SOURCE_BYTES, read_capped
 from common.errors import UserError
+from common.files import MAX_SOURCE_BYTES, read_capped
+from common.versions import Release, VersionError
 
 log = logging.getLogger("converter")
 
 CACHE_ENV = "CONVERT_MODEL_CACHE"
 ORIGINS = ("auto", "cache", "installed", "registry")
-# Release numbers as the registry spells them (no leading zeros: pip would fetch 4.5.1 for 04.5.1).
-_NUMBER = r"(0|[1-9]\d*)"
-_VERSION = re.compile(rf"{_NUMBER}(\.{_NUMBER}){{0,3}}((a|b|rc){_NUMBER})?(\.post{_NUMBER})?(\.dev{_NUMBER})?")
 _MAX_MEMBER_BYTES = MAX_SOURCE_BYTES  # every file read on a user's behalf is capped (T5's modeling file: 70 kB)
 _MAX_MANIFEST_BYTES = 1024 * 1024
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -61,8 +58,11 @@ def _decode(data: bytes, where: object) -> str:
 
 
 def validate_version(version: str) -> str:
-    if len(version or "") > 64 or not _VERSION.fullmatch(version or ""):
-        raise UserError(f"malformed version {version!r}: expected a release number such as 4.5.1")
+    """``version`` if it is a release number as the registry spells it (common.versions), else a UserError."""
+    try:
+        Release.parse(version)
+    except VersionError:
+        raise UserError(f"malformed version {version!r}: expected a release number such as 4.5.1") from None
     return version
 
 

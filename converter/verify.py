@@ -3,7 +3,7 @@
 A transform that rewrites a definition and misses a call site (a parameter dropped
 from a method while a caller still passes it positionally) produces code that
 compiles and fails only when that call runs.  :func:`static_problem` finds both
-kinds of fault cheaply, with :mod:`ast` (stdlib only, like the rest of the converter):
+kinds of fault cheaply, with :mod:`ast`:
 
 - the module compiles;
 - every call whose callee the module itself defines binds to the callee's
@@ -33,10 +33,10 @@ from importlib import metadata
 from pathlib import Path, PurePosixPath
 
 from common.errors import UserError
+from converter.signatures import binding_problem, bound_names, function_kind, module_rebinds
 
 log = logging.getLogger("converter")
 
-_SIGNATURE_KEEPING = frozenset({"staticmethod", "classmethod"})
 _UNKNOWN = object()
 
 
@@ -79,100 +79,11 @@ def static_problem(code: str, filename: str, key: str | None = None) -> Problem 
     return None
 
 
-def _decorator_name(node: ast.expr) -> str:
-    while isinstance(node, ast.Call):
-        node = node.func
-    if isinstance(node, ast.Attribute):
-        return node.attr
-    return node.id if isinstance(node, ast.Name) else ""
-
-
-def _module_rebinds(module: ast.Module) -> set[str]:
-    """Names module-level code assigns (outside defs and classes): such a name may not be its def."""
-    names: set[str] = set()
-    pending: list[ast.AST] = [s for s in module.body if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef,
-                                                                            ast.ClassDef))]
-    while pending:
-        node = pending.pop()
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            names.add(node.id)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
-        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            pending.extend(ast.iter_child_nodes(node))
-    return names
-
-
-def _kind(function: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
-    """"static", "class" or "plain"; None when a decorator may change the signature."""
-    names = [_decorator_name(d) for d in function.decorator_list]
-    if any(name not in _SIGNATURE_KEEPING for name in names):
-        return None
-    if "staticmethod" in names:
-        return "static"
-    return "class" if "classmethod" in names else "plain"
-
-
-def _bound_names(function: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> set[str]:
-    """Names a function binds locally (parameters, assignments, nested defs, imports)."""
-    arguments = function.args
-    names = {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}
-    names |= {a.arg for a in (arguments.vararg, arguments.kwarg) if a is not None}
-    body = function.body if isinstance(function.body, list) else [function.body]
-    for statement in body:
-        for node in ast.walk(statement):
-            if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-                names.add(node.id)
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                names.add(node.name)
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
-    return names
-
-
-def _binding_problem(call: ast.Call, function: ast.FunctionDef | ast.AsyncFunctionDef, drop_first: bool) -> str | None:
-    """Why ``call`` cannot bind to ``function``'s parameters (the first dropped for a bound method), or None."""
-    arguments = function.args
-    positional = [a.arg for a in [*arguments.posonlyargs, *arguments.args]]
-    defaults = len(arguments.defaults)
-    required = positional[:len(positional) - defaults]
-    posonly = {a.arg for a in arguments.posonlyargs}
-    if drop_first:
-        if not positional:
-            return "it takes no positional argument to bind the instance to"
-        positional, required = positional[1:], required[1:]
-    kwonly = [a.arg for a in arguments.kwonlyargs]
-    kwonly_required = [a.arg for a, default in zip(arguments.kwonlyargs, arguments.kw_defaults) if default is None]
-    starred = any(isinstance(arg, ast.Starred) for arg in call.args)
-    splatted = any(keyword.arg is None for keyword in call.keywords)
-    given = sum(not isinstance(arg, ast.Starred) for arg in call.args)
-    if given > len(positional) and arguments.vararg is None:
-        return f"it takes {len(positional)} positional arguments but {given} were given"
-    filled = set(positional[:given])
-    for keyword in call.keywords:
-        name = keyword.arg
-        if name is None:
-            continue
-        if name in posonly:
-            return f"{name!r} is positional-only"
-        if name in positional or name in kwonly:
-            if name in filled:
-                return f"it got multiple values for argument {name!r}"
-            filled.add(name)
-        elif arguments.kwarg is None:
-            return f"it got an unexpected keyword argument {name!r}"
-    if not splatted:
-        missing = [name for name in ([] if starred else required) + kwonly_required if name not in filled]
-        if missing:
-            return f"it is missing the required argument {missing[0]!r}"
-    return None
-
-
 class _CallChecker:
     def __init__(self, module: ast.Module, filename: str, lines: list[str]) -> None:
         self.filename = filename
         self.lines = lines
-        rebound = _module_rebinds(module)
+        rebound = module_rebinds(module)
         self.functions = {s.name: s for s in module.body
                           if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name not in rebound}
         self.classes = {s.name: s for s in module.body if isinstance(s, ast.ClassDef) and s.name not in rebound}
@@ -211,15 +122,15 @@ class _CallChecker:
             for node in [*function.decorator_list, *(d for d in function.args.defaults), *function.args.kw_defaults]:
                 if node is not None:
                     self._scan([ast.Expr(node)], owner, receiver, outer)
-        local = outer | _bound_names(function)
+        local = outer | bound_names(function)
         if cls is not None:
             owner = cls
             receiver = None
-            kind = _kind(function) if not isinstance(function, ast.Lambda) else None
+            kind = function_kind(function) if not isinstance(function, ast.Lambda) else None
             parameters = [*function.args.posonlyargs, *function.args.args]
             if kind == "plain" and parameters:
                 receiver = parameters[0].arg
-        elif receiver is not None and receiver in _bound_names(function):
+        elif receiver is not None and receiver in bound_names(function):
             receiver = None  # a nested function rebinding the receiver's name
         body: list[ast.stmt] = function.body if isinstance(function.body, list) else [ast.Expr(function.body)]
         self._scan(body, owner, receiver, local)
@@ -230,11 +141,11 @@ class _CallChecker:
         if isinstance(func, ast.Name) and func.id not in local:
             if func.id in self.functions:
                 function = self.functions[func.id]
-                if _kind(function) == "plain":
+                if function_kind(function) == "plain":
                     target = (func.id, function, False)
             elif func.id in self.classes:
                 init = self._lookup(self.classes[func.id], "__init__")
-                if isinstance(init, (ast.FunctionDef, ast.AsyncFunctionDef)) and _kind(init) == "plain":
+                if isinstance(init, (ast.FunctionDef, ast.AsyncFunctionDef)) and function_kind(init) == "plain":
                     target = (f"{func.id}.__init__", init, True)
         elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
             name = func.value.id
@@ -242,19 +153,19 @@ class _CallChecker:
                 method = self._lookup(owner, func.attr)
                 if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) \
                         and not self._is_instance_attribute(owner, func.attr):
-                    kind = _kind(method)
+                    kind = function_kind(method)
                     if kind is not None:
                         target = (f"{owner.name}.{func.attr}", method, kind != "static")
             elif name in self.classes and name not in local:
                 method = self._lookup(self.classes[name], func.attr)
                 if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    kind = _kind(method)
+                    kind = function_kind(method)
                     if kind is not None:
                         target = (f"{name}.{func.attr}", method, kind == "class")
         if target is None:
             return
         callee, function, drop_first = target
-        problem = _binding_problem(call, function, drop_first)
+        problem = binding_problem(call, function, drop_first)
         if problem is not None:
             text = self.lines[call.lineno - 1].strip() if 0 < call.lineno <= len(self.lines) else ""
             self.found.append(Problem(f"call {callee}", f"{self.filename}:{call.lineno}: the call of {callee} (defined "

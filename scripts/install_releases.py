@@ -1,6 +1,12 @@
-"""Install the transformers releases of ``scripts/transformers_releases.txt`` side by side.
+"""Install every transformers release a recipe verifies side by side, with its era's dependency pins.
 
-Usage: python scripts/install_releases.py [--root DIR] [--releases FILE] [--jobs N]
+Usage: python scripts/install_releases.py [--root DIR] [--eras FILE] [--jobs N]
+
+Where each fact lives: the releases are the verified releases of the recipes
+(``[versions."X"]`` of ``families/recipe_data/*.toml``, with the sha256 of every file the
+conversion reads, which tests/test_t5_releases.py checks the installs against); what else a
+release needs to import is its era's line of ``scripts/transformers_releases.txt``, a release
+range and pinned requirements, which only this script reads.
 
 Each release goes to ``<root>/<release>/`` (default ``.venv/transformers/``) with
 ``pip install --no-deps --no-compile --only-binary=:all: --target``, next to the torch of the
@@ -9,8 +15,8 @@ A release is installed into a scratch directory, imported once from there (its v
 location checked), stamped with the exact requirements and only then renamed into place, so a
 failed or interrupted install never leaves a directory that a later run would reuse. A directory
 whose stamp matches its line is kept: a second run with nothing changed does no work. Directories
-of releases no longer listed are removed. Exit 0 when every release is in place, 1 when an
-install failed (one line per failure, then pip's output), 2 on a malformed release list.
+of releases no longer verified are removed. Exit 0 when every release is in place, 1 when an
+install failed (one line per failure, then pip's output), 2 on a malformed era list (or recipe).
 """
 
 from __future__ import annotations
@@ -27,11 +33,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-RELEASES_FILE = REPO / "scripts" / "transformers_releases.txt"
+sys.path.insert(0, str(REPO))  # run as a script: the repository's packages, not an install's
+
+from common.errors import UserError  # noqa: E402
+from common.versions import Release as ReleaseNumber  # noqa: E402
+from common.versions import VersionError, VersionRange  # noqa: E402
+from converter.recipes import load_recipes  # noqa: E402
+
+ERAS_FILE = REPO / "scripts" / "transformers_releases.txt"
 DEFAULT_ROOT = REPO / ".venv" / "transformers"
 STAMP = ".installed"
 PARTIAL = ".partial-"
-_RELEASE = re.compile(r"\d+\.\d+\.\d+")
 _REQUIREMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!-]+")
 # Imported from the fresh directory before it is accepted: the package, its version, and
 # modeling_utils, which pulls in every dependency model code needs at import time.
@@ -39,8 +51,8 @@ _PROBE = ("import sys, transformers, transformers.modeling_utils; "
           "print(transformers.__version__); print(transformers.__file__)")
 
 
-class ReleaseListError(ValueError):
-    pass
+class ReleaseListError(UserError):
+    """A malformed era list, or one that does not fit the verified releases."""
 
 
 class InstallError(RuntimeError):
@@ -63,27 +75,49 @@ class Release:
         return " ".join(self.pip_requirements) + "\n"
 
 
-def read_releases(path: Path = RELEASES_FILE) -> list[Release]:
-    """The release list: ``<release> <name>==<version>...`` per line, ``#`` comments."""
-    releases: dict[str, Release] = {}
+def verified_releases() -> list[str]:
+    """Every transformers release some recipe verifies, oldest first."""
+    versions = {version for recipe in load_recipes().values() if recipe.package == "transformers"
+                for version in recipe.known_versions}
+    return sorted(versions, key=ReleaseNumber.parse)
+
+
+def read_releases(path: Path = ERAS_FILE, versions: list[str] | None = None) -> list[Release]:
+    """``versions`` (default: the verified releases), each with the requirements of the one era admitting it.
+
+    The era list: ``<release range> <name>==<version>...`` per line, ``#`` comments.
+    """
+    versions = verified_releases() if versions is None else versions
+    eras: list[tuple[str, VersionRange, tuple[str, ...]]] = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         words = line.split("#", 1)[0].split()
         if not words:
             continue
         where = f"{path.name}:{number}"
-        version, requirements = words[0], tuple(words[1:])
-        if not _RELEASE.fullmatch(version):
-            raise ReleaseListError(f"{where}: {version!r} is not a release number such as 4.5.1")
-        if version in releases:
-            raise ReleaseListError(f"{where}: transformers {version} is listed twice")
+        try:
+            era = VersionRange.parse(words[0])
+        except VersionError as error:
+            raise ReleaseListError(f"{where}: {error}") from None
+        requirements = tuple(words[1:])
         for requirement in requirements:
             if not _REQUIREMENT.fullmatch(requirement) or requirement.lower().startswith("transformers=="):
                 raise ReleaseListError(f"{where}: {requirement!r} is not a pinned requirement name==version "
                                        "(other than transformers itself)")
-        releases[version] = Release(version, requirements)
-    if not releases:
-        raise ReleaseListError(f"{path}: no releases listed")
-    return list(releases.values())
+        eras.append((where, era, requirements))
+    if not eras:
+        raise ReleaseListError(f"{path}: no eras listed")
+    releases = []
+    for version in versions:
+        matching = [(where, requirements) for where, era, requirements in eras if version in era]
+        if len(matching) != 1:
+            lines = " and ".join(where for where, _ in matching) or "no line"
+            raise ReleaseListError(f"{path.name}: transformers {version}, a verified release, matches {lines}: "
+                                   "exactly one era must give its dependency pins")
+        releases.append(Release(version, matching[0][1]))
+    for where, era, _ in eras:
+        if not any(version in era for version in versions):
+            raise ReleaseListError(f"{where}: {era} admits no verified release: remove the line")
+    return releases
 
 
 def install_dir(version: str, root: Path = DEFAULT_ROOT) -> Path:
@@ -140,20 +174,20 @@ def _remove_stale(root: Path, releases: list[Release]) -> None:
         if entry.name.startswith(PARTIAL):  # left by an interrupted run: never reused
             shutil.rmtree(entry)
         elif entry.is_dir() and entry.name not in listed and (entry / STAMP).is_file():
-            print(f"install-releases: removing transformers {entry.name} (no longer listed)", file=sys.stderr)
+            print(f"install-releases: removing transformers {entry.name} (no longer verified)", file=sys.stderr)
             shutil.rmtree(entry)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="install_releases.py", description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="where the releases go")
-    parser.add_argument("--releases", type=Path, default=RELEASES_FILE, help="the release list")
+    parser.add_argument("--eras", type=Path, default=ERAS_FILE, help="the dependency pins of each era")
     parser.add_argument("--jobs", type=int, default=2, help="installs run at once (default 2)")
     args = parser.parse_args(argv)
     try:
-        releases = read_releases(args.releases)
-    except (OSError, ReleaseListError) as exc:
-        print(f"install-releases: error: {exc}", file=sys.stderr)
+        releases = read_releases(args.eras)
+    except (OSError, UserError) as exc:  # a ReleaseListError, or a recipe that does not load
+        print(f"install-releases: error: {exc.one_line() if isinstance(exc, UserError) else exc}", file=sys.stderr)
         return 2
     args.root.mkdir(parents=True, exist_ok=True)
     _remove_stale(args.root, releases)

@@ -2,7 +2,7 @@
 
 Usage: python scripts/release_table.py [--releases 4.5.1,4.46.3] [--committed-only] [--jobs N] [--json OUT] [--readme]
 
-For every release of scripts/transformers_releases.txt (installed side by side by scripts/setup.sh):
+For every release the recipes verify (installed side by side by scripts/setup.sh, scripts/install_releases.py):
 - converts: a committed package (generated_models/t5/v<release>/) must pass
   ``convert-model t5 --version X --source-dir .venv/transformers/X --check``; an uncommitted release is
   converted into a scratch directory from the same install ("yes, not committed" or the error line);

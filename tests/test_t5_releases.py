@@ -14,19 +14,18 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
-
 from conftest import load_script
-from families.layout import version_dir
 from t5_release_worker import CHECKS, run_in_subprocess
+
+from converter.recipes import load_recipes
+from families.layout import version_dir
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 GENERATED = REPO / "generated_models" / "t5"
-PINS = REPO / "docs" / "t5_releases.toml"
 WORKER = TESTS / "t5_release_worker.py"
 _SOURCE = re.compile(r"^# source: transformers (\S+), transformers/models/t5/modeling_t5\.py$", re.M)
 
@@ -68,7 +67,7 @@ def test_generated_release_equals_stock(release: str, tmp_path: Path) -> None:
     """Eval, train loss and every gradient, stateless, fx, export strict and non-strict: see the worker."""
     listed = {r.version: r for r in installer.read_releases()}
     assert release in listed, (f"generated_models/t5/{version_dir(release)} is committed but transformers {release} is "
-                               f"not in {installer.RELEASES_FILE.name}, so CI never installs it")
+                               "not a verified release of a recipe, so CI never installs it")
     assert installer.is_installed(listed[release]), (
         f"no stock install of transformers {release} in {installer.install_dir(release)}: run bash scripts/setup.sh")
     returncode, record, stderr = run_worker(release, GENERATED / version_dir(release) / "modeling_t5.py",
@@ -128,21 +127,16 @@ def test_every_listed_release_is_installed() -> None:
     assert not missing, f"transformers {', '.join(missing)} not installed under .venv/transformers: run bash scripts/setup.sh"
 
 
-def pins() -> dict[str, dict[str, str]]:
-    """release -> {member: sha256} from docs/t5_releases.toml."""
-    data = tomllib.loads(PINS.read_text(encoding="utf-8"))
-    return {release: {data["source"]: entry["sha256"], **entry.get("support", {})}
-            for release, entry in data["releases"].items()}
+def pins() -> dict[tuple[str, str], dict[str, str]]:
+    """(family, release) -> {member: sha256}: every recipe's verified releases, the one place pins live."""
+    return {(family, release): members for family, recipe in load_recipes().items()
+            for release, members in recipe.pins.items()}
 
 
-def test_the_pins_cover_exactly_the_listed_releases() -> None:
-    assert sorted(pins()) == sorted(r.version for r in installer.read_releases())
-
-
-@pytest.mark.parametrize("release", sorted(pins()))
-def test_installed_sources_match_their_pinned_sha256(release: str) -> None:
+@pytest.mark.parametrize(("family", "release"), sorted(pins()))
+def test_installed_sources_match_their_pinned_sha256(family: str, release: str) -> None:
     """The installs are the converter's sources (--source-dir): they must be the released bytes."""
     root = installer.install_dir(release)
-    for member, expected in pins()[release].items():
+    for member, expected in pins()[family, release].items():
         data = (root / member).read_bytes()
-        assert hashlib.sha256(data).hexdigest() == expected, f"transformers {release} {member}"
+        assert hashlib.sha256(data).hexdigest() == expected, f"{family}: transformers {release} {member}"

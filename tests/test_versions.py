@@ -41,3 +41,9 @@ def test_bad_ranges(spec: str) -> None:
 def test_bad_release() -> None:
     with pytest.raises(VersionError):
         Release.parse("four")
+
+
+@pytest.mark.parametrize("text", ["04.5.1", " 4.5.1", "4.5.1\n", "4" * 65, "4.5.1.0.0", "4.5.x", "4.5.1rc01", ""])
+def test_only_the_registry_spelling_is_a_release(text: str) -> None:
+    with pytest.raises(VersionError):
+        Release.parse(text)

@@ -1,20 +1,20 @@
 """libcst transforms, one per module; recipes refer to them by their registry name."""
 
 from transforms.absolute_imports import AbsoluteImports
-from transforms.library.base import Transform
 from transforms.buffer_slices import BufferSlices
 from transforms.chunked_forward import ChunkedForward
 from transforms.copy_definitions import CopyDefinitions
 from transforms.drop_decorators import DropDecorators
+from transforms.drop_forwarded_kwargs import DropForwardedKwargs
 from transforms.dropout_module import DropoutModule
 from transforms.dtype_branch_leaf import DtypeBranchLeaf
 from transforms.finfo_values import FinfoValues
-from transforms.drop_forwarded_kwargs import DropForwardedKwargs
 from transforms.fp16_clamp import Fp16Clamp
 from transforms.hoist_modules import HoistModules
 from transforms.item_assignment import ItemAssignment
 from transforms.layer_drop import LayerDropLoop
 from transforms.leaf_calls import LeafCalls
+from transforms.library.base import Transform
 from transforms.none_checks import NoneChecks
 from transforms.optional_imports import OptionalImports
 from transforms.override_inherited import OverrideInherited

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from transforms.library.base import Transform
 from common.schema import OptionError
+from transforms.library.base import Transform
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from common.schema import OptionError
 from transforms.analysis.callees import Callees
 from transforms.analysis.scopes import ModuleIndex, Scope
 from transforms.analysis.syntax import code_of, descendants, drop_items
 from transforms.library.base import Transform
-from common.schema import OptionError
 
 _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
 # Builtins that read a function's locals by name: a use of every parameter that no name analysis sees.

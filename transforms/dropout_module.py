@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -10,25 +10,19 @@ import libcst.matchers as m
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 
-from transforms.analysis.literals import is_bool
+from transforms.analysis.dropout_calls import DROPOUT, bind, function_refusal, method_refusal
 from transforms.analysis.syntax import all_params, code_of
 from transforms.library.base import Transform
-from transforms.library.submodules import ClassFamily, InitSite, append_to_init, receiver
+from transforms.library.submodules import MODULE_BASES, ClassFamily, InitSite, append_to_init, receiver
 
-_DROPOUT = "torch.nn.functional.dropout"
-# Its signature, in positional order.
-_PARAMETERS = ("input", "p", "training", "inplace")
-_TORCH_DROPOUT = cst.Attribute(cst.Attribute(cst.Name("torch"), cst.Name("nn")), cst.Name("Dropout"))
-_NN_DROPOUT = cst.Attribute(cst.Name("nn"), cst.Name("Dropout"))
-
-DEFAULT_MODULE_BASES = ("torch.nn.Module", "torch.nn.modules.module.Module",
-                        "transformers.modeling_utils.PreTrainedModel")
+_TORCHDROPOUT = cst.Attribute(cst.Attribute(cst.Name("torch"), cst.Name("nn")), cst.Name("Dropout"))
+_NNDROPOUT = cst.Attribute(cst.Name("nn"), cst.Name("Dropout"))
 
 
 @dataclass(frozen=True)
 class DropoutOptions:
     attribute: str = "dropout"  # the preferred name of the new submodule
-    module_bases: tuple[str, ...] = DEFAULT_MODULE_BASES  # qualified names whose subclasses are modules
+    module_bases: tuple[str, ...] = MODULE_BASES  # qualified names whose subclasses are modules
 
 
 @dataclass
@@ -106,7 +100,7 @@ class DropoutModule(Transform):
         self._family = ClassFamily(self.index, self.options.module_bases)
         self._functions: dict[int, _Function] = {}  # id(original FunctionDef) -> its plan
         self._callers: dict[int, list[str]] = {}  # id(original ClassDef) -> FunctionalDropout attributes it owns
-        calls = [call for call in self.index.nodes(cst.Call) if _DROPOUT in self.qualified_names(call)]
+        calls = [call for call in self.index.nodes(cst.Call) if DROPOUT in self.qualified_names(call)]
         if calls:
             for statement in self.module.body:
                 if isinstance(statement, cst.FunctionDef):
@@ -119,11 +113,11 @@ class DropoutModule(Transform):
         parameters = {param.name.value for param in all_params(function.params, starred=True)}
         calls: set[int] = set()
         for call in self.index.nodes(cst.Call):
-            if _DROPOUT not in self.qualified_names(call.func) or \
+            if DROPOUT not in self.qualified_names(call.func) or \
                     self.index.enclosing(call, cst.FunctionDef) is not function:
                 continue
-            bound = self._bind(call.args)
-            reason = bound if isinstance(bound, str) else self._function_refusal(bound, parameters)
+            bound = bind(call.args)
+            reason = bound if isinstance(bound, str) else function_refusal(bound, parameters)
             if reason is not None:
                 self.report(call, f"{reason}; functional dropout in {function.name.value} left as is")
                 continue
@@ -176,7 +170,7 @@ class DropoutModule(Transform):
         if not frame.created:
             return updated_node
         assert isinstance(frame.init, _Init)
-        if frame.init.dropout is _TORCH_DROPOUT:
+        if frame.init.dropout is _TORCHDROPOUT:
             AddImportsVisitor.add_needed_import(self.context, "torch")
         return append_to_init(updated_node, frame.init.site, frame.created)
 
@@ -207,10 +201,10 @@ class DropoutModule(Transform):
         method = self._stack[-1] if self._stack else None
         if isinstance(method, _Function) and id(original_node) in method.calls:
             return self._call_functional(method, updated_node)
-        if not isinstance(method, _Method) or _DROPOUT not in self.qualified_names(original_node.func):
+        if not isinstance(method, _Method) or DROPOUT not in self.qualified_names(original_node.func):
             return updated_node
         frame = next(entry for entry in reversed(self._stack) if isinstance(entry, _Class))
-        bound = self._bind(updated_node.args)
+        bound = bind(updated_node.args)
         reason = bound if isinstance(bound, str) else self._refusal(bound, frame, method)
         if reason is not None:
             return self._leave_as_is(original_node, updated_node, reason)
@@ -228,23 +222,9 @@ class DropoutModule(Transform):
                                             whitespace_after_arg=updated_node.args[-1].whitespace_after_arg)
         return updated_node.with_changes(func=cst.Attribute(cst.Name(method.receiver), cst.Name(name)), args=[value])
 
-    @staticmethod
-    def _function_refusal(bound: dict[str, cst.Arg], parameters: set[str]) -> str | None:
-        """Why a dropout in a module-level function stays functional, or None."""
-        training = bound.get("training")
-        if training is None:
-            return "training hard-coded to True (the default)"
-        if not m.matches(training.value, m.Attribute(value=m.Name(), attr=m.Name("training"))) \
-                or training.value.value.value not in parameters:  # type: ignore[attr-defined]  # matched above
-            return f"training={code_of(training.value)} is not the training flag of a module the function is given"
-        inplace = bound.get("inplace")
-        if inplace is not None and not m.matches(inplace.value, m.Name("False")):
-            return "in-place dropout"
-        return None
-
     def _call_functional(self, plan: _Function, updated_node: cst.Call) -> cst.Call:
         """``F.dropout(x, p, training=module.training)`` -> ``module.<attribute>(x, p)``."""
-        bound = self._bind(updated_node.args)
+        bound = bind(updated_node.args)
         assert isinstance(bound, dict)  # _plan_function bound the same arguments
         module = bound["training"].value.value  # type: ignore[attr-defined]  # <parameter>.training
         args = [bound["input"], bound["p"] if "p" in bound else cst.Arg(cst.Float("0.5"))]
@@ -257,30 +237,11 @@ class DropoutModule(Transform):
         self.report(original_node, f"{reason}; functional dropout left as is")
         return updated_node
 
-    @staticmethod
-    def _bind(args: Sequence[cst.Arg]) -> dict[str, cst.Arg] | str:
-        bound: dict[str, cst.Arg] = {}
-        for position, arg in enumerate(args):
-            if arg.star:
-                return "dropout called with * or ** arguments"
-            if arg.keyword is None and position >= len(_PARAMETERS):
-                return "dropout called with too many arguments"
-            name = _PARAMETERS[position] if arg.keyword is None else arg.keyword.value
-            if name not in _PARAMETERS or name in bound:
-                return f"dropout called with an unexpected argument `{name}`"
-            bound[name] = arg
-        return bound if "input" in bound else "dropout called without its input"
-
     def _refusal(self, bound: dict[str, cst.Arg], frame: _Class, method: _Method) -> str | None:
         """Why this call must stay functional, or None when it can become a submodule call."""
-        training = bound.get("training")
-        if training is None:
-            return "training hard-coded to True (the default)"
-        if is_bool(training.value):
-            return f"training hard-coded to {code_of(training.value)}"
-        if method.receiver is None or not m.matches(
-                training.value, m.Attribute(value=m.Name(method.receiver), attr=m.Name("training"))):
-            return f"training={code_of(training.value)} is not the instance's training flag"
+        reason = method_refusal(bound, method.receiver)
+        if reason is not None:
+            return reason
         name = frame.node.name.value
         if not frame.is_module:
             return f"{name} is not a known nn.Module subclass (see module_bases)"
@@ -292,7 +253,6 @@ class DropoutModule(Transform):
             return f"cannot add a submodule to {name}: {frame.init}"
         return None
 
-
     def _survey(self, node: cst.ClassDef) -> _Init | str:
         """Where ``node``'s ``__init__`` can create the submodule and how it spells ``nn.Dropout``."""
         site = self._family.init_site(node)
@@ -300,10 +260,10 @@ class DropoutModule(Transform):
             return site
         scope = self.index.scope_of(site.function.body.body[0])
         if self.index.qualified_names_in(scope, "nn.Dropout") == {"torch.nn.Dropout"}:
-            return _Init(site, _NN_DROPOUT)
+            return _Init(site, _NNDROPOUT)
         if self.index.qualified_names_in(scope, "torch.nn.Dropout") - {"torch.nn.Dropout"}:
             return "`torch` in its __init__ is not the torch package"
-        return _Init(site, _TORCH_DROPOUT)  # torch is imported if it is not yet
+        return _Init(site, _TORCHDROPOUT)  # torch is imported if it is not yet
 
     def _module(self, frame: _Class, p: cst.BaseExpression, inplace: cst.BaseExpression | None) -> str:
         """The attribute of the ``nn.Dropout(p, inplace)`` submodule, created on first use."""

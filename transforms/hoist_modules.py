@@ -13,10 +13,8 @@ from libcst.codemod import CodemodContext
 from transforms.analysis.literals import is_literal
 from transforms.analysis.syntax import code_of
 from transforms.library.base import Transform
-from transforms.library.submodules import ClassFamily, InitSite, append_to_init, receiver
+from transforms.library.submodules import MODULE_BASES, ClassFamily, InitSite, append_to_init, receiver
 
-MODULE_BASES = ("torch.nn.Module", "torch.nn.modules.module.Module",
-                "transformers.modeling_utils.PreTrainedModel")
 # Capitalised names under these prefixes are classes but not modules.
 NOT_MODULES = ("torch.nn.functional.", "torch.nn.Parameter", "torch.nn.parameter.", "torch.nn.init.",
                "torch.nn.utils.")

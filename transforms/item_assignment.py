@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.codemod.visitors import AddImportsVisitor
 
+from common.schema import OptionError
 from transforms.library.base import Transform
 from transforms.library.leaf_helper import with_fx_wrap
-from common.schema import OptionError
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,7 @@ from transforms.analysis.names import bound_names, names_outside, names_read
 from transforms.analysis.purity import is_pure
 from transforms.analysis.syntax import all_params, code_of
 from transforms.library.base import Transform
-from transforms.dropout_module import DEFAULT_MODULE_BASES
-from transforms.library.submodules import ClassFamily, InitSite, append_to_init, fresh_names, receiver
+from transforms.library.submodules import MODULE_BASES, ClassFamily, InitSite, append_to_init, fresh_names, receiver
 
 _DRAWS = ("random.uniform", "random.random")
 _ZERO, _ONE = m.Integer("0") | m.Float("0.0"), m.Integer("1") | m.Float("1.0")
@@ -27,7 +26,7 @@ _ESCAPES = m.Return() | m.Yield() | m.Await() | m.Continue() | m.Break() | m.Glo
 class LayerDropOptions:
     module: str = "stateless"  # where the generated code imports LayerDrop and unless_dropped from
     attribute: str = "layer_drop"  # the preferred name of the LayerDrop submodule
-    module_bases: tuple[str, ...] = DEFAULT_MODULE_BASES  # qualified names whose subclasses are modules
+    module_bases: tuple[str, ...] = MODULE_BASES  # qualified names whose subclasses are modules
 
 
 @dataclass

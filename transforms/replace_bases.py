@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.codemod.visitors import AddImportsVisitor
 
-from transforms.library.base import Transform
 from common.schema import OptionError
+from transforms.library.base import Transform
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 
+from common.schema import OptionError
 from transforms.analysis.syntax import all_params, append_item, dotted_name
 from transforms.library.base import Transform, TransformError
-from common.schema import OptionError
 
 
 @dataclass(frozen=True)

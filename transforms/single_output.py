@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.codemod import CodemodContext
 
+from common.schema import OptionError
 from transforms.analysis.liveness import Liveness
 from transforms.analysis.names import bound_names, names_read
 from transforms.analysis.syntax import all_params, append_item, descendants, dotted_name, indented
 from transforms.library.base import Transform, TransformError
-from common.schema import OptionError
 
 
 def _parsed(key: str, text: str) -> cst.BaseExpression:

@@ -39,22 +39,18 @@ no memory is used for large shapes):
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.fx import GraphModule, Interpreter, Node
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
-from torch.utils.flop_counter import FlopCounterMode
+from torch.fx import GraphModule, Node
 
-from partitioning.cost.crossing import NodeCosts, crossing_values
-from partitioning.plan import Block, Value
 from common.errors import UserError
-from partitioning.cost.slices import OpFacts
+from partitioning.cost.crossing import crossing_values
+from partitioning.cost.graph_run import CostingInterpreter, measure
+from partitioning.plan import Block, Value
 
 
 @dataclass(frozen=True)
@@ -73,16 +69,6 @@ class Chain:
     shared_bytes: dict[str, int] = field(default_factory=dict)  # shared weight name -> bytes
     total_flops: int = 0  # the whole forward as FlopCounterMode counts it
     values: list[Value] = field(default_factory=list)  # every tensor crossing a cut, recomputable or not
-
-
-def tensor_bytes(value: Any) -> int:
-    return sum(leaf.numel() * leaf.element_size() for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor))
-
-
-def _describe(node: Node, value: Any) -> str:
-    tensors = [leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor)]
-    shapes = ", ".join(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for t in tensors)
-    return f"{node.name}: {shapes}"
 
 
 def _module_paths(node: Node) -> set[str]:
@@ -118,132 +104,6 @@ def assign_blocks(model: torch.nn.Module, graph_module: GraphModule, specs: Sequ
         raise UserError(f"block {missing.name!r}: module {missing.modules[0]!r} never runs after block "
                         f"{specs[current].name!r}")
     return block_of
-
-
-def _storage(tensor: torch.Tensor) -> int | None:
-    try:
-        return tensor.untyped_storage()._cdata
-    except (NotImplementedError, RuntimeError):  # a tensor without storage
-        return None
-
-
-class _OpRecorder(TorchDispatchMode):
-    """Notes, for the node running, the random draws and the storages written in place (aten schemas say which)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.node: Node | None = None
-        self.random: set[Node] = set()
-        self.written: dict[Node, set[int]] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        assert self.node is not None
-        if torch.Tag.nondeterministic_seeded in func.tags:
-            self.random.add(self.node)
-        schema = func._schema
-        if schema.is_mutable:
-            given = list(args) + [kwargs.get(spec.name) for spec in schema.arguments[len(args):]]
-            for spec, arg in zip(schema.arguments, given):
-                if spec.alias_info is not None and spec.alias_info.is_write:
-                    for tensor in tree_leaves(arg):
-                        if isinstance(tensor, torch.Tensor) and _storage(tensor) is not None:
-                            self.written.setdefault(self.node, set()).add(_storage(tensor))  # type: ignore[arg-type]
-        return func(*args, **kwargs)
-
-
-class _CostingInterpreter(Interpreter):
-    """Runs the graph once, charging FLOPs, output bytes and saved tensors to the running block."""
-
-    def __init__(self, graph_module: GraphModule, block_of: dict[Node, int], blocks: int) -> None:
-        super().__init__(graph_module, garbage_collect_values=True)
-        self.block_of = block_of
-        self.flops = [0] * blocks
-        self.saved: list[dict[int, int]] = [{} for _ in range(blocks)]  # id(base) -> bytes, per block
-        self.value_bytes: dict[Node, int] = {}
-        self.descriptions: dict[Node, str] = {}
-        self.nodes = NodeCosts()
-        self._owner: dict[int, Node] = {}  # storage -> the node that first produced a tensor on it
-        self._recorder = _OpRecorder()
-        self._current = 0
-        self._counter: FlopCounterMode | None = None
-        self._keep: list[Any] = []  # keeps ids (saved tensors, storages) unique while the run lasts
-
-    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        base = tensor if tensor._base is None else tensor._base
-        if not (base.is_leaf and base.requires_grad):
-            self.saved[self._current].setdefault(id(base), base.numel() * base.element_size())
-            self._keep.append(base)
-        return tensor
-
-    def run_node(self, n: Node) -> Any:
-        self._current = self.block_of[n]
-        assert self._counter is not None
-        before = self._counter.get_total_flops()
-        self._recorder.node = n
-        value = super().run_node(n)
-        flops = self._counter.get_total_flops() - before
-        self.flops[self._current] += flops
-        self._note(n, value, flops)
-        if n.op != "get_attr":
-            self.value_bytes[n] = tensor_bytes(value)
-            if self.value_bytes[n]:
-                self.descriptions[n] = _describe(n, value)
-        return value
-
-    def _note(self, n: Node, value: Any, flops: int) -> None:
-        """Per-node facts for recomputation: FLOPs, fresh bytes written (views write none), gradient, tensors."""
-        tensors = [leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor)]
-        self.nodes.flops[n] = flops
-        self.nodes.tensors[n] = [(str(t.dtype).removeprefix("torch."), tuple(t.shape)) for t in tensors]
-        self.nodes.grad[n] = any(t.requires_grad for t in tensors)
-        fresh = 0
-        for tensor in tensors:
-            storage = _storage(tensor)
-            if storage is not None and storage not in self._owner:
-                self._owner[storage] = n
-                self._keep.append(tensor)
-                fresh += tensor.numel() * tensor.element_size()
-        self.nodes.written[n] = fresh
-
-    def facts(self) -> OpFacts:
-        writes = {node: {self._owner[s] for s in storages if s in self._owner}
-                  for node, storages in self._recorder.written.items()}
-        return OpFacts(random=set(self._recorder.random), writes={n: w for n, w in writes.items() if w})
-
-    def cost(self, *args: Any) -> Any:
-        with FlopCounterMode(display=False) as counter:
-            self._counter = counter
-            with self._recorder, torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor):
-                output = self.run(*args)
-        self._counter = None
-        return output
-
-
-class _TimingInterpreter(Interpreter):
-    def __init__(self, graph_module: GraphModule, block_of: dict[Node, int], blocks: int,
-                 sync: Callable[[], None], clock: Callable[[], float]) -> None:
-        super().__init__(graph_module, garbage_collect_values=True)
-        self.block_of, self.sync, self.clock = block_of, sync, clock
-        self.seconds = [0.0] * blocks
-        self._current, self._since = 0, 0.0
-
-    def run_node(self, n: Node) -> Any:
-        block = self.block_of[n]
-        if block != self._current:
-            self.sync()
-            now = self.clock()
-            self.seconds[self._current] += now - self._since
-            self._current, self._since = block, now
-        return super().run_node(n)
-
-    def time(self, *args: Any) -> list[float]:
-        self.sync()
-        self._since = self.clock()
-        self.run(*args)
-        self.sync()
-        self.seconds[self._current] += self.clock() - self._since
-        return self.seconds
 
 
 def _parameter_use(model: torch.nn.Module, graph_module: GraphModule,
@@ -284,7 +144,7 @@ def cost_chain(model: torch.nn.Module, specs: Sequence[BlockSpec], kwargs: dict[
     graph_module = torch.fx.symbolic_trace(model, concrete_args=concrete_args)
     block_of = assign_blocks(model, graph_module, specs)
     args = _inputs_in_order(graph_module, kwargs)
-    costing = _CostingInterpreter(graph_module, block_of, len(specs))
+    costing = CostingInterpreter(graph_module, block_of, len(specs))
     costing.cost(*args)
 
     crossing: list[list[Node]] = [[] for _ in specs]
@@ -308,7 +168,7 @@ def cost_chain(model: torch.nn.Module, specs: Sequence[BlockSpec], kwargs: dict[
 
     seconds: list[float | None] = [None] * len(specs)
     if measure_repeats:
-        seconds = list(_measure(graph_module, block_of, len(specs), args, measure_repeats, clock))
+        seconds = list(measure(graph_module, block_of, len(specs), args, measure_repeats, clock))
 
     blocks = [Block(name=spec.name, modules=spec.modules, flops=float(costing.flops[i]), param_bytes=param_bytes[i],
                     out_bytes=sum(costing.value_bytes[n] for n in crossing[i]),
@@ -318,19 +178,3 @@ def cost_chain(model: torch.nn.Module, specs: Sequence[BlockSpec], kwargs: dict[
     costing.nodes.bytes = costing.value_bytes
     values = crossing_values(model, graph_module, block_of, costing.nodes, costing.facts())
     return Chain(blocks=blocks, shared_bytes=shared_bytes, total_flops=sum(costing.flops), values=values)
-
-
-def _measure(graph_module: GraphModule, block_of: dict[Node, int], blocks: int, args: list[Any],
-             repeats: int, clock: Callable[[], float]) -> list[float]:
-    devices = {a.device for a in args if isinstance(a, torch.Tensor)}
-    if any(d.type == "meta" for d in devices):
-        raise UserError("wall time cannot be measured on the meta device")
-    cuda = any(d.type == "cuda" for d in devices)
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-
-    _TimingInterpreter(graph_module, block_of, blocks, sync, clock).time(*args)  # warm-up: allocator, kernels
-    runs = [_TimingInterpreter(graph_module, block_of, blocks, sync, clock).time(*args) for _ in range(repeats)]
-    return [statistics.median(run[i] for run in runs) for i in range(blocks)]

@@ -13,8 +13,8 @@ from libcst import CSTNodeT
 from libcst.codemod import Codemod, CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import RemoveImportsVisitor
 
-from transforms.analysis.scopes import ModuleIndex
 from common.schema import NoOptions, parse_options
+from transforms.analysis.scopes import ModuleIndex
 from transforms.library.positions import located
 
 # Keys of a context's scratch that the pipeline fills.

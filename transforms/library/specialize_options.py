@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from common.schema import OptionError
 from transforms.analysis.facts import Fact
 from transforms.analysis.literals import is_constant
-from common.schema import OptionError
 
 
 def _constant(key: str, text: str) -> cst.BaseExpression:

@@ -27,6 +27,9 @@ import libcst.matchers as m
 from transforms.analysis.literals import is_literal
 from transforms.analysis.scopes import ModuleIndex
 
+# The default module_bases of the transforms that add submodules: what an nn.Module derives from.
+MODULE_BASES = ("torch.nn.Module", "torch.nn.modules.module.Module",
+                "transformers.modeling_utils.PreTrainedModel")
 _STATIC = m.Name("staticmethod") | m.Name("classmethod")
 
 
