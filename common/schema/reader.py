@@ -106,10 +106,10 @@ def convert(kind: Any, value: object) -> Any:
             return None
         inner = [arg for arg in args if arg is not type(None)]
         fitting = [arg for arg in inner if _has_kind(arg, value)]
-        if len(fitting) != 1:  # no alternative fits, or (a schema choice) several could: say what would
-            whats = [_what(arg) for arg in inner]
-            raise OptionError.mismatch("", value, " or ".join(whats), described=all(w[1] for w in whats))
-        return convert(fitting[0], value)
+        if len(inner) == 1 or len(fitting) == 1:
+            return convert(fitting[0] if fitting else inner[0], value)
+        whats = [_what(arg) for arg in inner]  # no alternative fits, or (a schema's fault) several could
+        raise OptionError.mismatch("", value, " or ".join(w for w, _ in whats), described=all(d for _, d in whats))
     if dataclasses.is_dataclass(kind):
         return parse_options(typing.cast(type, kind), value)
     if origin is tuple:
