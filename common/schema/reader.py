@@ -151,7 +151,8 @@ def _checked(kind: Any, checks: list[Check], value: object) -> Any:
     try:
         converted = convert(kind, value)
     except OptionError as error:
-        if words is None or error.kind != "mismatch" or error.described:
+        # Only a bare type's fault in the value itself or an item of it: a key of a table inside speaks for itself.
+        if words is None or error.kind != "mismatch" or error.described or error.key.strip("[]0123456789"):
             raise
         converted = _FAILED
     for check in checks:
