@@ -73,10 +73,10 @@ def describe(value: object) -> str:
     return f"{type(value).__name__} {value!r}"
 
 
-def show_repr(value: object) -> str:
+def show_repr(value: object, limit: int = 60) -> str:
     """A value as Python spells it, cut short."""
     text = repr(list(value) if isinstance(value, tuple) else value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def show_json(value: object) -> str:
@@ -98,6 +98,8 @@ class Wording:
     mismatch: str = "{path} must {must}, got {shown}"
     show: Callable[[object], str] = show_repr
     top: str = "the top level"  # the path of the whole document
+    table: str = "a table"  # what the file format calls a table
+
 
     def render(self, error: OptionError) -> str:
         if error.kind == "custom":
@@ -105,7 +107,8 @@ class Wording:
         table, name = _split(error.key)
         fields = {"path": error.key or self.top, "table": table or self.top, "name": name,
                   "known": ", ".join(sorted(error.known)) or "none", "there": " there" if table else "",
-                  "must": error.must or f"be {error.what}", "shown": self.show(error.value)}
+                  "must": error.must or f"be {self.table if error.what == 'a table' else error.what}",
+                  "shown": self.show(error.value)}
         template = {"unknown": self.unknown, "missing": self.missing, "mismatch": self.mismatch}[error.kind]
         return template.format(**fields) + (error.note if error.kind == "mismatch" else "")
 

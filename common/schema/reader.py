@@ -2,7 +2,7 @@
 
 Types: ``str``, ``int``, ``float`` (finite: NaN and infinity are refused),
 ``bool``, ``Literal[...]`` (one of the given values), ``tuple[X, ...]`` (a
-list), ``dict[K, X]`` (a table; ``K`` may carry a check on the keys), another
+list; ``tuple[X, Y]``: a list of an X and a Y), ``dict[K, X]`` (a table; ``K`` may carry a check on the keys), another
 dataclass (a nested table), ``X | Y`` (the alternative whose kind the value
 has), ``X | None`` (an optional value), ``Any``, and ``Annotated[X, Check(...)]``
 (a further test, and the words for a value that fails it).  A key the
@@ -115,10 +115,13 @@ def convert(kind: Any, value: object) -> Any:
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise OptionError.mismatch("", value, "a list", described=False)
+        fixed = not (len(args) == 2 and args[1] is Ellipsis)  # tuple[X, Y]: a list of exactly an X and a Y
+        if fixed and len(value) != len(args):
+            raise OptionError.mismatch("", value, f"a list of {len(args)} items", described=False)
         items = []
         for index, item in enumerate(value):
             try:
-                items.append(convert(args[0], item))
+                items.append(convert(args[index] if fixed else args[0], item))
             except OptionError as error:
                 raise error.under(f"[{index}]") from None
         return tuple(items)

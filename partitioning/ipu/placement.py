@@ -26,8 +26,9 @@ from partitioning.ipu.layers import count_layers, expand_layers_per_ipu, manual_
 from partitioning.ipu.memory import (IPU_MEMORY_BYTES, TERM_FIXES, TERM_NAMES, MemoryModel, MemoryTerms, Projection,
                                      StageLoad)
 from partitioning.ipu.roles import Roles
+from partitioning.plan import WORDING as plan_wording
 from partitioning.plan import Block, Plan, Stage
-from common.errors import UserError
+from common.schema import Count, OptionError, convert, fail
 
 
 @dataclass(frozen=True)
@@ -240,9 +241,10 @@ def _draft(plan: Plan, config: IPUConfig, roles: Roles | None, stages: Sequence[
 
 
 def _memory_model(plan: Plan, config: IPUConfig, roles: Roles | None, checkpoints: Sequence[str]) -> MemoryModel:
-    states = plan.settings.get("optimizer_states", 2)
-    if isinstance(states, bool) or not isinstance(states, int) or states < 0:
-        raise UserError(f"not a plan file: settings.optimizer_states must be an integer >= 0, got {states!r}")
+    try:
+        states = convert(Count, plan.settings.get("optimizer_states", 2))
+    except OptionError as error:
+        raise fail(error.under("settings.optimizer_states"), "not a plan file", plan_wording) from None
     projection = None
     if roles is not None and roles.projection is not None:
         block = next((b for b in plan.blocks if roles.projection in (_module_of(roles, m) for m in b.modules)), None)

@@ -31,11 +31,12 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from partitioning.plan import Block, Plan, Stage, Value
 from common.errors import UserError
+from common.schema import OptionError, parse_options
 
 SCHEDULES = ("gpipe", "1f1b")
 Segment = tuple[int, int]  # first and last block index, inclusive
@@ -75,25 +76,13 @@ class Settings:
 
     @classmethod
     def from_plan(cls, settings: Mapping[str, Any]) -> Settings:
-        """The settings a plan file records (those this release knows), each checked against its field's type."""
-        values = {}
-        for item in fields(cls):
-            if item.name not in settings:
-                continue
-            value, default = settings[item.name], item.default
-            number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            if isinstance(default, bool):
-                ok = isinstance(value, bool)
-            elif isinstance(default, int):
-                ok = number and isinstance(value, int)
-            elif isinstance(default, str):
-                ok = isinstance(value, str)
-            else:  # a float, or None for a limit that is a number when set
-                ok = number or (default is None and value is None)
-            if not ok:
-                raise UserError(f"not a plan file: settings.{item.name} must be like {default!r}, got {value!r:.40}")
-            values[item.name] = value
-        return cls(**values)
+        """The settings a plan file records (those this release knows; it records more), each of its field's type."""
+        known = {key: value for key, value in settings.items() if key in cls.__dataclass_fields__}
+        try:
+            return parse_options(cls, known)
+        except OptionError as error:  # a bare type's fault: the default shows the type
+            raise UserError(f"not a plan file: settings.{error.key} must be like "
+                            f"{cls.__dataclass_fields__[error.key].default!r}, got {error.value!r:.40}") from None
 
     @property
     def state_copies(self) -> int:
