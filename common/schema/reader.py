@@ -2,7 +2,7 @@
 
 Types: ``str``, ``int``, ``float`` (finite: NaN and infinity are refused),
 ``bool``, ``Literal[...]`` (one of the given values), ``tuple[X, ...]`` (a
-list; ``tuple[X, Y]``: a list of an X and a Y), ``dict[K, X]`` (a table; ``K`` may carry a check on the keys), another
+list; ``tuple[X, Y]``: a list of an X and a Y; ``list[X]`` where the record keeps a list), ``dict[K, X]`` (a table; ``K`` may carry a check on the keys), another
 dataclass (a nested table), ``X | Y`` (the alternative whose kind the value
 has), ``X | None`` (an optional value), ``Any``, and ``Annotated[X, Check(...)]``
 (a further test, and the words for a value that fails it).  A key the
@@ -112,6 +112,8 @@ def convert(kind: Any, value: object) -> Any:
         raise OptionError.mismatch("", value, " or ".join(w for w, _ in whats), described=all(d for _, d in whats))
     if dataclasses.is_dataclass(kind):
         return parse_options(typing.cast(type, kind), value)
+    if origin is list:  # a list that stays one (a mutable record's)
+        return list(convert(tuple[args[0], ...], value))
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise OptionError.mismatch("", value, "a list", described=False)
@@ -176,7 +178,7 @@ def _has_kind(kind: Any, value: object) -> bool:
         return _has_kind(args[0], value)
     if origin is Literal:
         return any(type(value) is type(arg) for arg in args)
-    if origin is tuple:
+    if origin in (tuple, list):
         return isinstance(value, (list, tuple))
     if origin in (dict, Mapping) or dataclasses.is_dataclass(kind):
         return isinstance(value, Mapping)
@@ -193,7 +195,7 @@ def _what(kind: Any) -> tuple[str, bool]:
         return (checks[-1].what, True) if checks else _what(args[0])
     if origin is Literal:
         return f"one of {', '.join(map(str, args))}", True
-    if origin is tuple:
+    if origin in (tuple, list):
         return "a list", False
     if origin in (dict, Mapping) or dataclasses.is_dataclass(kind):
         return "a table", False
