@@ -36,8 +36,17 @@ from typing import Any
 
 from common.errors import UserError
 from common.schema import OptionError, convert, fail, parse_options, read
-from families.sections import (BATCH, ArgumentName, ConfigFlag, DefinitionDocument, InputEntry, ModulePath,
-                               ModulePaths, ParameterName, PipelineSection)
+from families.sections import (
+    BATCH,
+    ArgumentName,
+    ConfigFlag,
+    DefinitionDocument,
+    InputEntry,
+    ModulePath,
+    ModulePaths,
+    ParameterName,
+    PipelineSection,
+)
 
 __all__ = ["BATCH", "LOSS", "ChainEntry", "ClassInfo", "FamilyDefinition", "InputSpec", "SharedWeight",
            "parse_definition"]

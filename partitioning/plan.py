@@ -11,8 +11,18 @@ from typing import Annotated, Any
 
 from common.errors import UserError
 from common.files import parse_json
-from common.schema import (NON_EMPTY, Check, Count, NonNegative, OptionError, Text, Wording, fail, parse_options,
-                           show_repr)
+from common.schema import (
+    NON_EMPTY,
+    Check,
+    Count,
+    NonNegative,
+    OptionError,
+    Text,
+    Wording,
+    fail,
+    parse_options,
+    show_repr,
+)
 
 # The plan file's fields are read by common.schema, with the annotations below as their schema, and worded so.
 WORDING = Wording(unknown="{table} has an unknown field {name!r}", show=lambda value: show_repr(value, 40),

@@ -13,8 +13,20 @@ from typing import TypeVar
 
 from common.errors import UserError
 from common.schema.errors import FILE, OPTIONS, OptionError, Wording, show_json, show_repr
-from common.schema.reader import (NON_EMPTY, Check, Count, NoOptions, NonNegative, PositiveInt, Proportion, Text,
-                                  at_least, convert, parse_options, pattern)
+from common.schema.reader import (
+    NON_EMPTY,
+    Check,
+    Count,
+    NonNegative,
+    NoOptions,
+    PositiveInt,
+    Proportion,
+    Text,
+    at_least,
+    convert,
+    parse_options,
+    pattern,
+)
 
 __all__ = ["FILE", "NON_EMPTY", "OPTIONS", "Check", "Count", "NoOptions", "NonNegative", "OptionError",
            "PositiveInt", "Proportion", "Text", "Wording", "at_least", "convert", "fail", "parse_options",

@@ -113,7 +113,7 @@ def convert(kind: Any, value: object) -> Any:
     if dataclasses.is_dataclass(kind):
         return parse_options(typing.cast(type, kind), value)
     if origin is list:  # a list that stays one (a mutable record's)
-        return list(convert(tuple[args[0], ...], value))
+        return list(convert(tuple[args[0], ...], value))  # type: ignore[valid-type]
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise OptionError.mismatch("", value, "a list", described=False)

@@ -39,14 +39,14 @@ from typing import Annotated, Any, Literal
 import torch
 import torch.distributed as dist
 
-from partitioning.cost.costing import Chain
-from partitioning.solve.partition import Settings
-from partitioning.plan import Block, layer_of
 from common.errors import UserError
 from common.files import parse_json
 from common.schema import FILE, Check, Count, NonNegative, OptionError, PositiveInt, Text, fail, parse_options
+from partitioning.cost.costing import Chain
+from partitioning.plan import Block, layer_of
+from partitioning.solve.partition import Settings
 
-FORMAT = 1
+FORMAT: Literal[1] = 1
 
 
 Rate = Annotated[float, Check("a positive rate", lambda rate: rate > 0,

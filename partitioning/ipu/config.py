@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from common.atomic import write_atomic
-from common.files import read_json_object
 from common.errors import UserError
+from common.files import read_json_object
 from common.schema import Check, OptionError, PositiveInt, Proportion, Wording, convert, fail, read, show_json
 from partitioning.ipu.errors import IPUError, require_poptorch
 
