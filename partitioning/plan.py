@@ -6,10 +6,29 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Annotated, Any
 
 from common.errors import UserError
+from common.files import parse_json
+from common.schema import (
+    NON_EMPTY,
+    Check,
+    Count,
+    NonNegative,
+    OptionError,
+    Text,
+    Wording,
+    fail,
+    parse_options,
+    show_repr,
+)
+
+# The plan file's fields are read by common.schema, with the annotations below as their schema, and worded so.
+WORDING = Wording(unknown="{table} has an unknown field {name!r}", show=lambda value: show_repr(value, 40),
+                  table="a JSON object")
+Texts = Annotated[tuple[Text, ...], Check("a list of strings")]
+NonEmptyTexts = Annotated[tuple[Text, ...], Check("a list of strings", NON_EMPTY.test)]
 
 
 @dataclass(frozen=True)
@@ -25,15 +44,15 @@ class Block:
     (``crossing`` describes each of those tensors).
     """
 
-    name: str
-    modules: tuple[str, ...]
-    flops: float
-    param_bytes: int
-    out_bytes: int
-    activation_bytes: int = 0  # saved for backward, per micro-batch
-    seconds: float | None = None  # measured wall time, when asked for
-    shared: tuple[str, ...] = ()  # names of shared weights this block uses
-    crossing: tuple[str, ...] = ()  # "name: dtype[shape]" of each tensor counted in out_bytes
+    name: Text
+    modules: NonEmptyTexts
+    flops: NonNegative
+    param_bytes: Count
+    out_bytes: Count
+    activation_bytes: Count = 0  # saved for backward, per micro-batch
+    seconds: NonNegative | None = None  # measured wall time, when asked for
+    shared: Texts = ()  # names of shared weights this block uses
+    crossing: Texts = ()  # "name: dtype[shape]" of each tensor counted in out_bytes
 
     @property
     def first_module(self) -> str:
@@ -65,6 +84,9 @@ def value_key(module: str, dtype: str, shape: Sequence[int]) -> str:
     return f"{module}:{dtype}{list(shape)}"
 
 
+_Input = Annotated[tuple[Text, Count], Check("a [name, bytes] pair")]
+
+
 @dataclass(frozen=True)
 class Recompute:
     """What a receiving stage needs to recompute a crossing value instead of receiving it.
@@ -75,11 +97,11 @@ class Recompute:
     must still reach them (the backend sends it back to the producing stage).
     """
 
-    flops: float  # forward FLOPs of the slice
-    bytes: int  # bytes the slice writes (views excluded): its memory traffic
-    params: tuple[str, ...] = ()  # parameters and buffers the slice reads
-    param_bytes: int = 0
-    inputs: tuple[tuple[str, int], ...] = ()  # model inputs the slice reads, with their bytes
+    flops: NonNegative  # forward FLOPs of the slice
+    bytes: Count  # bytes the slice writes (views excluded): its memory traffic
+    params: Texts = ()  # parameters and buffers the slice reads
+    param_bytes: Count = 0
+    inputs: tuple[_Input, ...] = ()  # model inputs the slice reads, with their bytes
     grad: bool = False
 
 
@@ -87,11 +109,11 @@ class Recompute:
 class Value:
     """A tensor live across at least one cut of the block chain (produced in one block, read in a later one)."""
 
-    name: str  # node name in the costing trace
-    key: str  # value_key(): module, dtype, shape
-    bytes: int
-    produced: int  # index of the block computing it (model inputs: 0)
-    uses: tuple[int, ...]  # indices of the blocks reading it, ascending
+    name: Text  # node name in the costing trace
+    key: Text  # value_key(): module, dtype, shape
+    bytes: Count
+    produced: Count  # index of the block computing it (model inputs: 0)
+    uses: Annotated[tuple[Count, ...], NON_EMPTY]  # indices of the blocks reading it, ascending
     recompute: Recompute | None = None  # None: must be sent (random, written in place, or not a single tensor)
     input: bool = False  # a model input carried through the pipeline
 
@@ -103,25 +125,17 @@ class Value:
         """Live across the cut right after block ``cut``."""
         return self.produced <= cut < self.last_use
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Value:
-        recompute = data.get("recompute")
-        if recompute is not None:
-            recompute = Recompute(**{**recompute, "params": tuple(recompute.get("params", ())),
-                                     "inputs": tuple((str(n), int(b)) for n, b in recompute.get("inputs", ()))})
-        return cls(**{**data, "uses": tuple(data["uses"]), "recompute": recompute})
-
 
 @dataclass(frozen=True)
 class Stage:
-    index: int
-    blocks: tuple[str, ...]
-    compute: float  # predicted seconds per micro-batch, forward + backward
-    communication: float  # predicted seconds to send this stage's output
-    memory_bytes: int
-    recompute: tuple[str, ...] = ()  # keys of the values this stage recomputes instead of receiving
-    recompute_time: float = 0.0  # predicted seconds per micro-batch to recompute them
-    send_bytes: int | None = None  # bytes sent over the outgoing cut per micro-batch (None: plans before recompute)
+    index: Count
+    blocks: NonEmptyTexts
+    compute: NonNegative  # predicted seconds per micro-batch, forward + backward
+    communication: NonNegative  # predicted seconds to send this stage's output
+    memory_bytes: Count
+    recompute: Texts = ()  # keys of the values this stage recomputes instead of receiving
+    recompute_time: NonNegative = 0.0  # predicted seconds per micro-batch to recompute them
+    send_bytes: Count | None = None  # bytes sent over the outgoing cut per micro-batch (None: plans before recompute)
 
     @property
     def cost(self) -> float:
@@ -186,135 +200,29 @@ class Plan:
     def from_json(cls, text: str) -> Plan:
         """A plan as :meth:`to_json` wrote it; anything else (a hand edit gone wrong) is one line naming the field."""
         try:
-            data = json.loads(text, parse_constant=_not_a_number)
+            data = parse_json(text)
         except ValueError as exc:
             raise UserError(f"not a plan file: {exc}") from None
-        check = _Fields("plan")
-        data = check.table(data, "", ("model", "blocks", "stages"))
-        model = check.table(data["model"], "model")
-        settings = check.table(data.get("settings", {}), "settings")
-        blocks = []
-        for index, raw in enumerate(check.items(data["blocks"], "blocks")):
-            where = f"blocks[{index}]"
-            raw = check.table(raw, where, ("name", "modules", "flops", "param_bytes", "out_bytes"))
-            unknown = sorted(set(raw) - {f.name for f in fields(Block)})
-            if unknown:
-                raise UserError(f"not a plan file: {where} has an unknown field {unknown[0]!r}")
-            seconds = raw.get("seconds")
-            blocks.append(Block(
-                name=check.text(raw["name"], f"{where}.name"), modules=check.texts(raw["modules"], f"{where}.modules"),
-                flops=check.number(raw["flops"], f"{where}.flops"),
-                param_bytes=check.count(raw["param_bytes"], f"{where}.param_bytes"),
-                out_bytes=check.count(raw["out_bytes"], f"{where}.out_bytes"),
-                activation_bytes=check.count(raw.get("activation_bytes", 0), f"{where}.activation_bytes"),
-                seconds=None if seconds is None else check.number(seconds, f"{where}.seconds"),
-                shared=check.texts(raw.get("shared", []), f"{where}.shared", empty=True),
-                crossing=check.texts(raw.get("crossing", []), f"{where}.crossing", empty=True)))
-        stages = []
-        for index, raw in enumerate(check.items(data["stages"], "stages")):
-            where = f"stages[{index}]"
-            raw = check.table(raw, where, ("index", "blocks", "compute", "communication", "memory_bytes"))
-            unknown = sorted(set(raw) - {f.name for f in fields(Stage)})
-            if unknown:
-                raise UserError(f"not a plan file: {where} has an unknown field {unknown[0]!r}")
-            stages.append(Stage(index=check.count(raw["index"], f"{where}.index"),
-                                blocks=check.texts(raw["blocks"], f"{where}.blocks"),
-                                compute=check.number(raw["compute"], f"{where}.compute"),
-                                communication=check.number(raw["communication"], f"{where}.communication"),
-                                memory_bytes=check.count(raw["memory_bytes"], f"{where}.memory_bytes"),
-                                recompute=check.texts(raw.get("recompute", []), f"{where}.recompute", empty=True),
-                                recompute_time=check.number(raw.get("recompute_time", 0.0), f"{where}.recompute_time"),
-                                send_bytes=None if raw.get("send_bytes") is None
-                                else check.count(raw["send_bytes"], f"{where}.send_bytes")))
-        values = [_value(check, raw, f"values[{index}]") for index, raw in enumerate(check.sequence(data.get("values", []),
-                                                                                                 "values"))]
-        recomputed = list(check.texts(data.get("recomputed", []), "recomputed", empty=True))
-        return cls(model, blocks, stages, settings, values, recomputed)
+        if isinstance(data, dict):  # bottleneck, ideal and ratio are derived; a newer release may write more
+            data = {key: data[key] for key in PlanFile.__dataclass_fields__ if key in data}
+        try:
+            read = parse_options(PlanFile, data)
+        except OptionError as error:
+            raise fail(error, "not a plan file", WORDING) from None
+        return cls(dict(read.model), list(read.blocks), list(read.stages), dict(read.settings), list(read.values),
+                   list(read.recomputed))
 
 
-def _value(check: _Fields, raw: Any, where: str) -> Value:
-    raw = check.table(raw, where, ("name", "key", "bytes", "produced", "uses"))
-    unknown = sorted(set(raw) - {f.name for f in fields(Value)})
-    if unknown:
-        raise UserError(f"not a plan file: {where} has an unknown field {unknown[0]!r}")
-    recompute = raw.get("recompute")
-    if recompute is not None:
-        at = f"{where}.recompute"
-        recompute = check.table(recompute, at, ("flops", "bytes"))
-        unknown = sorted(set(recompute) - {f.name for f in fields(Recompute)})
-        if unknown:
-            raise UserError(f"not a plan file: {at} has an unknown field {unknown[0]!r}")
-        inputs = []
-        for index, pair in enumerate(check.sequence(recompute.get("inputs", []), f"{at}.inputs")):
-            if not (isinstance(pair, list) and len(pair) == 2):
-                raise check.fail(f"{at}.inputs[{index}]", "a [name, bytes] pair", pair)
-            inputs.append((check.text(pair[0], f"{at}.inputs[{index}][0]"),
-                           check.count(pair[1], f"{at}.inputs[{index}][1]")))
-        recompute = Recompute(flops=check.number(recompute["flops"], f"{at}.flops"),
-                              bytes=check.count(recompute["bytes"], f"{at}.bytes"),
-                              params=check.texts(recompute.get("params", []), f"{at}.params", empty=True),
-                              param_bytes=check.count(recompute.get("param_bytes", 0), f"{at}.param_bytes"),
-                              inputs=tuple(inputs), grad=check.flag(recompute.get("grad", False), f"{at}.grad"))
-    uses = tuple(check.count(use, f"{where}.uses[{i}]") for i, use in enumerate(check.items(raw["uses"], f"{where}.uses")))
-    return Value(name=check.text(raw["name"], f"{where}.name"), key=check.text(raw["key"], f"{where}.key"),
-                 bytes=check.count(raw["bytes"], f"{where}.bytes"),
-                 produced=check.count(raw["produced"], f"{where}.produced"), uses=uses, recompute=recompute,
-                 input=check.flag(raw.get("input", False), f"{where}.input"))
+_Table = Annotated[dict[str, Any], Check("a JSON object")]
 
 
-def _not_a_number(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
+@dataclass(frozen=True)
+class PlanFile:
+    """The schema of a plan file (:meth:`Plan.to_json`)."""
 
-
-class _Fields:
-    """Typed reads of a plan file: each failure names the field, the way a user would look for it."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-
-    def fail(self, where: str, expected: str, value: Any) -> UserError:
-        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-        return UserError(f"not a {self.what} file: {where or 'the top level'} must be {expected}, got {shown}")
-
-    def table(self, value: Any, where: str, required: Sequence[str] = ()) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise self.fail(where, "a JSON object", value)
-        for key in required:
-            if key not in value:
-                raise UserError(f"not a {self.what} file: {where + '.' if where else ''}{key} is missing")
-        return value
-
-    def items(self, value: Any, where: str) -> list[Any]:
-        if not isinstance(value, list) or not value:
-            raise self.fail(where, "a non-empty list", value)
-        return value
-
-    def sequence(self, value: Any, where: str) -> list[Any]:
-        if not isinstance(value, list):
-            raise self.fail(where, "a list", value)
-        return value
-
-    def flag(self, value: Any, where: str) -> bool:
-        if not isinstance(value, bool):
-            raise self.fail(where, "true or false", value)
-        return value
-
-    def text(self, value: Any, where: str) -> str:
-        if not isinstance(value, str) or not value:
-            raise self.fail(where, "a non-empty string", value)
-        return value
-
-    def texts(self, value: Any, where: str, empty: bool = False) -> tuple[str, ...]:
-        if not isinstance(value, list) or not (value or empty):
-            raise self.fail(where, "a list of strings", value)
-        return tuple(self.text(item, f"{where}[{i}]") for i, item in enumerate(value))
-
-    def number(self, value: Any, where: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise self.fail(where, "a finite number >= 0", value)
-        return float(value)
-
-    def count(self, value: Any, where: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise self.fail(where, "an integer >= 0", value)
-        return value
+    model: _Table
+    blocks: Annotated[tuple[Block, ...], Check("a non-empty list", NON_EMPTY.test)]
+    stages: Annotated[tuple[Stage, ...], Check("a non-empty list", NON_EMPTY.test)]
+    settings: _Table = field(default_factory=dict)
+    values: tuple[Value, ...] = ()
+    recomputed: Texts = ()

@@ -11,24 +11,23 @@ from __future__ import annotations
 import copy
 import json
 import re
-import tomllib
 from importlib import resources
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 from t5_models import T5, config
 
 from common.errors import UserError
 from families.definition import InputSpec, parse_definition
-from families import family as family_module
+from families.family import ModelFamily
 from families.models import MicroBatch, accepted, make_inputs
 from partitioning.cost.blocks import chain_specs
-from families.family import ModelFamily
+from partitioning.cost.chain import family_chain
+from partitioning.gpu.train import rebuild
 from partitioning.ipu.errors import IPUError
 from partitioning.ipu.roles import Roles, derive_roles, roles_for
-from partitioning.gpu.train import rebuild
-from partitioning.cost.chain import family_chain
 
 REPO = Path(__file__).parent.parent
 T5_TEXT = (resources.files("families") / "recipe_data" / "t5.toml").read_text(encoding="utf-8")
@@ -119,12 +118,11 @@ def test_a_recipe_without_family_sections_has_no_definition_and_a_partial_one_is
 
 def test_partition_model_reports_a_misspelled_family_key_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    from converter import recipes
+    from families import registry
     from partitioning.cli import main
 
     broken = T5_TEXT.replace('[model.classes.T5Model]\noutput', '[model.classes.T5Model]\noutputs', 1)
-    monkeypatch.setattr(family_module, "load_recipes",
-                        lambda: {"t5": recipes._parse(tomllib.loads(broken), "t5.toml")})
+    monkeypatch.setattr(registry, "recipe_documents", lambda: [("t5.toml", broken)])
     assert main(["t5", "--version", "4.5.1", "--stages", "2", "--output", str(tmp_path / "plan.json")]) == 2
     err = capsys.readouterr().err
     assert err == ("partition-model: error: recipe t5.toml: unknown key 'model.classes.T5Model.outputs' "

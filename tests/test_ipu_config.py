@@ -10,6 +10,7 @@ import poptorch_standin
 import pytest
 import torch
 
+from common.errors import UserError
 from partitioning.ipu.config import IPUConfig
 from partitioning.ipu.errors import IPUError
 
@@ -188,3 +189,34 @@ def test_optimizer_state_location_follows_the_config(standin) -> None:
     assert ".useReplicatedTensorSharding(False))" in alone.options_text("title")  # one replica: nothing to shard over
     inference = IPUConfig(training=False).resolved(4, 4).options_text("title")
     assert "TensorLocations" not in inference and "Precision.enableStochasticRounding(False)" in inference
+
+
+def test_every_recipes_ipu_section_reads() -> None:
+    from families.registry import definitions
+    from partitioning.ipu.section import ipu_section
+
+    sections = {name: ipu_section(definition) for name, definition in definitions().items()}
+    assert sections["t5"].defaults["ipus_per_replica"] == 4
+    assert sections["t5"].layout("t5-small").layers_per_ipu == (0, 3, 4, 5)
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"ipus_per_replica": 0}, "recipe t5.toml: ipu.ipus_per_replica must be a positive integer, got 0"),
+    ({"half_precison": True}, "recipe t5.toml: unknown key 'ipu.half_precison' (known there: "),
+    ({"available_memory_proportion": float("nan")}, "ipu.available_memory_proportion must be a number in (0, 1]"),
+    ({"published": {"t5-small": {"ipus": 2, "layers_per_ipu": [1, 2, 3], "source": "x"}}},
+     "ipu.published.t5-small.layers_per_ipu must list 2 layer counts"),
+    ({"published": {"t5-tiny": {"ipus": 1, "layers_per_ipu": [1], "source": "x"}}},
+     "unknown key 'ipu.published.t5-tiny' (known there: "),
+], ids=["zero", "misspelled", "NaN", "layout-length", "unknown-shape"])
+def test_a_malformed_ipu_section_is_one_line_naming_the_key(edit: dict, message: str) -> None:
+    from dataclasses import replace
+
+    from families.registry import definition
+    from partitioning.ipu.section import ipu_section
+
+    t5 = definition("t5")
+    broken = replace(t5, sections={"ipu": {**t5.sections["ipu"], **edit}})
+    with pytest.raises(UserError) as raised:
+        ipu_section(broken)
+    assert message in str(raised.value)

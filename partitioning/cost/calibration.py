@@ -34,32 +34,55 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.distributed as dist
 
-from partitioning.cost.costing import Chain
-from partitioning.solve.partition import Settings
-from partitioning.plan import Block, layer_of
 from common.errors import UserError
+from common.files import parse_json
+from common.schema import FILE, Check, Count, NonNegative, OptionError, PositiveInt, Text, fail, parse_options
+from partitioning.cost.costing import Chain
+from partitioning.plan import Block, layer_of
+from partitioning.solve.partition import Settings
 
-FORMAT = 1
+FORMAT: Literal[1] = 1
+
+
+Rate = Annotated[float, Check("a positive rate", lambda rate: rate > 0,
+                             hint=lambda rate: " (non-positive)" if isinstance(rate, (int, float)) else "")]
+
+
+@dataclass(frozen=True)
+class TimedBlock:
+    """The schema of one block a calibration timed (kept as the dict it reads)."""
+
+    name: Text
+    flops: NonNegative
+    seconds: NonNegative
+    activation_bytes: Count = 0
 
 
 @dataclass
 class Calibration:
     device: str  # "cpu" or the GPU's name
-    threads: int  # intra-op threads the timings ran with (one per pipeline rank on CPU)
+    threads: PositiveInt  # intra-op threads the timings ran with (one per pipeline rank on CPU)
     backend: str  # torch.distributed backend the bandwidth was measured with
-    bandwidth: float  # bytes/s one way between two ranks
-    memory_bandwidth: float  # bytes/s of a device-memory copy (read + write)
-    flops: float  # achieved FLOP/s over the timed blocks that compute
-    backward_factor: float  # (forward + backward) / forward - 1, of the whole model
+    bandwidth: Rate  # bytes/s one way between two ranks
+    memory_bandwidth: Rate  # bytes/s of a device-memory copy (read + write)
+    flops: Rate  # achieved FLOP/s over the timed blocks that compute
+    backward_factor: NonNegative  # (forward + backward) / forward - 1, of the whole model
     model: dict[str, Any]  # family, version, class, shape, config, micro_batch it was measured on
-    blocks: list[dict[str, Any]] = field(default_factory=list)  # name, flops, seconds, activation_bytes
+    blocks: list[dict[str, Any]] = field(default_factory=list)  # name, flops, seconds, activation_bytes (TimedBlock)
     machine: str = ""
-    format: int = FORMAT
+    format: Literal[1] = FORMAT
+
+    def __post_init__(self) -> None:
+        for index, block in enumerate(self.blocks):
+            try:
+                parse_options(TimedBlock, block)
+            except OptionError as error:
+                raise OptionError(f"blocks[{index}]", f"bad block: {error.render(FILE)}") from None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
@@ -67,17 +90,11 @@ class Calibration:
     @classmethod
     def from_json(cls, text: str, source: str = "calibration") -> Calibration:
         try:
-            data = json.loads(text)
-            calibration = cls(**data)
-            numbers = (calibration.bandwidth, calibration.memory_bandwidth, calibration.flops)
-            if calibration.format != FORMAT or not all(isinstance(n, (int, float)) and n > 0 for n in numbers):
-                raise ValueError("unknown format or non-positive rates")
-            for block in calibration.blocks:
-                if not (isinstance(block["name"], str) and block["seconds"] >= 0 and block["flops"] >= 0):
-                    raise ValueError(f"bad block {block!r}")
-        except (ValueError, TypeError, KeyError) as exc:
+            return parse_options(cls, parse_json(text))
+        except OptionError as error:
+            raise fail(error, f"{source} is not a calibration file") from None
+        except ValueError as exc:  # not JSON
             raise UserError(f"{source} is not a calibration file: {exc}") from None
-        return calibration
 
     def settings(self, base: Settings) -> Settings:
         """``base`` with this machine's rates; compute is costed on (calibrated) seconds."""

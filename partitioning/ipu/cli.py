@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from families.definition import FamilyDefinition, PublishedLayout
+from families.definition import FamilyDefinition
 from partitioning.arguments import positive_int
 from partitioning.files import check_destinations, read_plan, write_outputs
 from partitioning.ipu.codegen import render
@@ -25,6 +25,7 @@ from partitioning.ipu.errors import IPUError
 from partitioning.ipu.memory import TERM_COLUMNS
 from partitioning.ipu.placement import Placement, plan_ipu
 from partitioning.ipu.roles import roles_for
+from partitioning.ipu.section import PublishedLayout, ipu_section
 from partitioning.plan import Plan
 from common.errors import UserError
 from partitioning.solve.report import report_error
@@ -63,7 +64,7 @@ def ipu_config(args: argparse.Namespace, definition: FamilyDefinition | None, pl
     family's; the micro-batch is ``--batch``, else the config's, else the
     planned plan's or the family's.
     """
-    defaults = dict(definition.ipu.defaults) if definition is not None else {}
+    defaults = ipu_section(definition).defaults
     family_ipus = defaults.pop("ipus_per_replica", None)
     family_batch = defaults.pop("micro_batch_size", None)  # the family's applies to new plans only
     config = (IPUConfig.load(args.ipu_config, defaults) if args.ipu_config
@@ -128,7 +129,7 @@ def ipu_outputs(args: argparse.Namespace, plan: Plan, config: IPUConfig,
     files = {args.ipu_code: render(placement, shlex.join(words)).encode("utf-8"),
              args.ipu_options: placement.config.options_text(title).encode("utf-8")}
     shape = plan.model.get("shape")
-    published = definition.ipu.published.get(shape) if definition is not None and isinstance(shape, str) else None
+    published = ipu_section(definition).layout(shape) if isinstance(shape, str) else None
     return format_placement(placement, published), files
 
 

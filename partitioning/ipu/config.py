@@ -8,19 +8,19 @@ so the options file and the programmatic ``poptorch.Options`` cannot drift.
 
 from __future__ import annotations
 
-import json
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from common.atomic import write_atomic
-from common.files import read_json_object
-from partitioning.ipu.errors import IPUError, require_poptorch
 from common.errors import UserError
+from common.files import read_json_object
+from common.schema import Check, OptionError, PositiveInt, Proportion, Wording, convert, fail, read, show_json
+from partitioning.ipu.errors import IPUError, require_poptorch
 
-OUTPUT_MODES = {"all": "All", "sum": "Sum", "final": "Final", "default": "Default"}
-INFERENCE_EXECUTIONS = ("sharded", "pipelined")
+OUTPUT_MODES = {"all": "All", "sum": "Sum", "final": "Final", "default": "Default"}  # as IPUConfig.output_mode
 _MAX_CONFIG_BYTES = 1 << 20
 
 
@@ -43,17 +43,13 @@ class TorchDtype:
 Call = tuple[str, tuple[Any, ...]]  # "Training.gradientAccumulation", (7,)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+_COUNTS = "layer counts >= 0 or -1 (wildcard)"
+# A JSON user reads the values back as JSON spells them; the config's keys are one level deep.
+_WORDING = Wording(show=show_json)
 
 
-def _show(value: Any) -> str:
-    """A config value as JSON spells it, cut short: what the user wrote."""
-    try:
-        text = json.dumps(list(value) if isinstance(value, tuple) else value)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+def _one_block(value: Any) -> str:
+    return f" (one block: [{show_json(value)}])" if isinstance(value, str) else ""
 
 
 @dataclass(frozen=True)
@@ -70,89 +66,55 @@ class IPUConfig:
     """
 
     training: bool = True
-    ipus_per_replica: int | None = None
-    replication_factor: int = 1
-    device_iterations: int | None = None
-    gradient_accumulation: int | None = None
-    micro_batch_size: int | None = None
+    ipus_per_replica: PositiveInt | None = None
+    replication_factor: PositiveInt = 1
+    device_iterations: PositiveInt | None = None
+    gradient_accumulation: PositiveInt | None = None
+    micro_batch_size: PositiveInt | None = None
     # Proportion of each IPU's memory matmuls and convolutions may use for temporaries (a cap PopLibs plans
     # within, not a reservation); one value or one per IPU.
-    available_memory_proportion: float | tuple[float, ...] = 0.6
+    available_memory_proportion: Annotated[Proportion | tuple[Proportion, ...], Check(
+        "a number in (0, 1] or a list of them", lambda value: value != ())] = 0.6
     recompute_every_layer: bool = False  # checkpoint every layer's outputs but the last of each layer list
-    recompute_checkpoints: tuple[str, ...] = ()  # plan block names whose outputs are checkpointed
-    output_mode: str = "default"
-    executable_cache_dir: str | None = None
+    # plan block names whose outputs are checkpointed
+    recompute_checkpoints: Annotated[tuple[str, ...], Check("a list of block names", hint=_one_block)] = ()
+    output_mode: Literal["all", "sum", "final", "default"] = "default"
+    executable_cache_dir: Annotated[str, Check("a path string")] | None = None
     half_precision: bool = True  # weights and activations in float16 (model.half()), as optimum-graphcore trains
     enable_half_partials: bool = False
     enable_half_first_order_momentum: bool = True  # the optimizer's first moment (and accumulators) in float16
     optimizer_state_offchip: bool = False  # optimizer state in streaming memory instead of on chip
     replicated_tensor_sharding: bool = False  # optimizer state sharded across replicas (with replication > 1)
-    embedding_serialization_factor: int = 1  # the vocabulary projection as this many serialized matmuls
+    embedding_serialization_factor: PositiveInt = 1  # the vocabulary projection as this many serialized matmuls
     stochastic_rounding: bool = True  # optimum-graphcore enables it for every training run
-    layers_per_ipu: tuple[int, ...] | None = None  # manual layout overriding the plan's stages; -1: share the rest
+    # manual layout overriding the plan's stages; -1: share the rest
+    layers_per_ipu: Annotated[tuple[int, ...], Check(_COUNTS, lambda counts: counts != () and min(counts) >= -1,
+                                                     must=f"list {_COUNTS}")] | None = None
     auto_round_num_ipus: bool = False
-    inference_execution: str = "sharded"  # or "pipelined"
+    inference_execution: Literal["sharded", "pipelined"] = "sharded"
     # Re-split the plan's blocks knowing IPU 0 also runs the shared weight's later users (the LM head);
     # false keeps the plan's stages as they are.
     rebalance_shared: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("available_memory_proportion", "recompute_checkpoints", "layers_per_ipu"):
-            value = getattr(self, name)
-            if isinstance(value, list):
-                object.__setattr__(self, name, tuple(value))
-        self._check()
-
-    def _check(self) -> None:
-        for name in ("training", "recompute_every_layer", "half_precision", "enable_half_partials",
-                     "enable_half_first_order_momentum", "optimizer_state_offchip", "replicated_tensor_sharding",
-                     "stochastic_rounding", "auto_round_num_ipus", "rebalance_shared"):
-            if not isinstance(getattr(self, name), bool):
-                raise IPUError(f"IPU config: {name} must be true or false, got {getattr(self, name)!r}")
-        for name in ("ipus_per_replica", "replication_factor", "device_iterations", "gradient_accumulation",
-                     "micro_batch_size", "embedding_serialization_factor"):
-            value = getattr(self, name)
-            if value is not None and not (_is_int(value) and value >= 1):
-                raise IPUError(f"IPU config: {name} must be a positive integer, got {value!r}")
-        if self.replication_factor is None or self.embedding_serialization_factor is None:
-            raise IPUError("IPU config: replication_factor and embedding_serialization_factor must be positive "
-                           "integers, got null")
-        proportions = self.available_memory_proportion
-        values = proportions if isinstance(proportions, tuple) else (proportions,)
-        for value in values or (None,):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-                raise IPUError(f"IPU config: available_memory_proportion must be a number in (0, 1] or a list of "
-                               f"them, got {_show(proportions)}")
-        for name, choices in (("output_mode", OUTPUT_MODES), ("inference_execution", INFERENCE_EXECUTIONS)):
-            value = getattr(self, name)
-            if not isinstance(value, str) or value not in choices:
-                raise IPUError(f"IPU config: {name} must be one of {', '.join(choices)}, got {_show(value)}")
-        names = self.recompute_checkpoints
-        if not isinstance(names, tuple) or not all(isinstance(name, str) for name in names):
-            hint = f" (one block: [{_show(names)}])" if isinstance(names, str) else ""
-            raise IPUError(f"IPU config: recompute_checkpoints must be a list of block names, got {_show(names)}"
-                           f"{hint}")
-        if self.executable_cache_dir is not None and not isinstance(self.executable_cache_dir, str):
-            raise IPUError(f"IPU config: executable_cache_dir must be a path string, got "
-                           f"{_show(self.executable_cache_dir)}")
-        counts = self.layers_per_ipu
-        if counts is not None and not (isinstance(counts, tuple) and counts
-                                       and all(_is_int(n) and n >= -1 for n in counts)):
-            raise IPUError(f"IPU config: layers_per_ipu must list layer counts >= 0 or -1 (wildcard), got "
-                           f"{_show(counts)}")
+        # Built in code (not read by from_dict): the same schema, field by field.
+        hints = typing.get_type_hints(IPUConfig, include_extras=True)
+        for item in fields(self):
+            try:
+                convert(hints[item.name], getattr(self, item.name))
+            except OptionError as error:
+                raise fail(error.under(item.name), "IPU config", _WORDING, IPUError) from None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "IPU config",
                   defaults: Mapping[str, Any] | None = None) -> IPUConfig:
         """The config ``data`` sets, the rest from ``defaults`` (a family's ``[ipu]`` section) and the fields'."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise IPUError(f"{source}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
-        try:
-            return cls(**{**(defaults or {}), **data})
-        except IPUError as exc:
-            raise IPUError(str(exc).replace("IPU config", source, 1)) from None
+        values = {**(defaults or {}), **data}
+        if any(values.get(name, 1) is None for name in ("replication_factor", "embedding_serialization_factor")):
+            # null, which means "derive it from the placement" for the other counts, has no meaning here
+            raise IPUError(f"{source}: replication_factor and embedding_serialization_factor must be positive "
+                           f"integers, got null")
+        return read(cls, values, source, _WORDING, IPUError)
 
     @classmethod
     def load(cls, path: Path, defaults: Mapping[str, Any] | None = None) -> IPUConfig:

@@ -1,0 +1,165 @@
+"""The schema of a recipe's family sections, ``[model]``, ``[pipeline]`` and ``[shapes]``, as the file spells them.
+
+Each dataclass is read by :mod:`common.schema`: a misspelled, missing or mistyped key, at
+any depth, is an :class:`OptionError` naming its dotted path.  Checks inside one table are
+in its ``__post_init__``; checks across sections (an input's lengths, the default class
+and shape) are :func:`families.definition.parse_definition`'s.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from common.schema import NON_EMPTY, Check, OptionError, PositiveInt, pattern
+
+BATCH = "batch"  # the batch dimension in an input's shape
+_LENGTH = re.compile(r"[a-z][a-z0-9]*")
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")
+
+Name = Annotated[str, pattern(IDENTIFIER, "a name")]
+ArgumentName = Annotated[str, pattern(IDENTIFIER, "an argument name")]
+ParameterName = Annotated[str, pattern(IDENTIFIER, "a parameter name")]
+ConfigFlag = Annotated[str, Check("a config flag", lambda text: re.fullmatch(r"self\.config\.[A-Za-z_]\w*", text)
+                                  is not None, must="read one config flag (self.config.NAME)")]
+ModulePath = Annotated[str, pattern(_PATH, "a module path such as 'encoder.block'")]
+ModulePaths = Annotated[tuple[ModulePath, ...], Check("a non-empty list of module paths", NON_EMPTY.test)]
+Bound = int | Annotated[str, pattern(IDENTIFIER, "an integer or a config attribute name")]
+
+
+def _config_value(value: Any) -> bool:
+    def scalar(item: Any) -> bool:
+        return isinstance(item, (str, int, bool)) or isinstance(item, float) and math.isfinite(item)
+    return scalar(value) or isinstance(value, list) and all(scalar(item) for item in value)
+
+
+ConfigValues = dict[Annotated[str, pattern(IDENTIFIER, "config attribute names")],
+                    Annotated[Any, Check("a config value (string, number, boolean or a list of them)", _config_value)]]
+
+
+# Aliases, not inline: an annotation is evaluated in its class's namespace, where a check could not see this module's.
+_BasePath = Annotated[str, Check("a module path such as 'encoder.block'",
+                                 lambda path: path == "" or _PATH.fullmatch(path) is not None)]
+
+
+@dataclass(frozen=True)
+class ClassEntry:
+    output: Name
+    base: _BasePath = ""
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    config: Annotated[str, pattern(IDENTIFIER, "a class name")]
+    default_class: str
+    classes: dict[str, ClassEntry]
+
+
+@dataclass(frozen=True)
+class InputEntry:
+    """One input of ``[pipeline.inputs]`` (or of a plan file): its lengths are checked against the family's."""
+
+    shape: Annotated[tuple[PositiveInt | str, ...], Check("a non-empty list", lambda shape: shape != ())]
+    fill: Literal["randint", "ones", "zeros"]
+    low: Bound | None = None
+    high: Bound | None = None
+    dtype: Literal["int64", "float32"] = "int64"
+
+    def __post_init__(self) -> None:
+        given = [key for key in ("low", "high") if getattr(self, key) is not None]
+        if self.fill != "randint" and given:
+            raise OptionError(given[0], 'is only for fill = "randint"', sep=" ")
+        if self.fill == "randint" and self.high is None:
+            raise OptionError("high", 'is missing (fill = "randint" draws from [low, high))', sep=" ")
+
+    def check_lengths(self, lengths: dict[str, int]) -> None:
+        for index, size in enumerate(self.shape):
+            if isinstance(size, str) and size != BATCH and size not in lengths:
+                raise OptionError(f"shape[{index}]", f"{size!r} is neither 'batch' nor a length of "
+                                                     f"[pipeline.lengths] ({', '.join(lengths)})", sep=" ")
+
+
+@dataclass(frozen=True)
+class BlockEntry:
+    """A fixed block (``name`` and ``modules``) or a layer list (``layers``, with ``sublayers`` per item)."""
+
+    name: Annotated[str, pattern(_PATH, "a block name")] | None = None
+    modules: ModulePaths | None = None
+    layers: ModulePath | None = None
+    sublayers: Annotated[tuple[ModulePaths, ...], Check("a list of module lists")] | None = None
+    root: bool = False
+
+    def __post_init__(self) -> None:
+        if self.layers is not None:
+            for key in ("name", "modules"):
+                if getattr(self, key) is not None:
+                    raise OptionError(key, "a layer list names its blocks by item (give name and modules, or layers)")
+            return
+        if self.sublayers is not None:
+            raise OptionError("sublayers", "is only for a layer list (layers = ...)", sep=" ")
+        for key in ("name", "modules"):
+            if getattr(self, key) is None:
+                raise OptionError(key, "is missing (a fixed block has a name and modules; a layer list has layers)",
+                                  sep=" ")
+
+
+_LengthName = Annotated[str, pattern(_LENGTH, "lowercase letters and digits")]
+# A length name becomes partition-model's --NAME-len; "seq" would clash with its --seq-len NAME=N.
+_RESERVED_LENGTHS = (BATCH, "seq")
+
+
+@dataclass(frozen=True)
+class PipelineSection:
+    lengths: dict[_LengthName, PositiveInt]
+    inputs: dict[ArgumentName, InputEntry]
+    blocks: Annotated[tuple[BlockEntry, ...], Check("a non-empty array of tables ([[pipeline.blocks]])",
+                                                    NON_EMPTY.test)]
+
+    def __post_init__(self) -> None:
+        for name in self.lengths:
+            if name in _RESERVED_LENGTHS:
+                raise OptionError("lengths", f"{name!r} is reserved (batch size / partition-model's --seq-len)")
+        if not self.lengths:
+            raise OptionError("lengths", "names no sequence length", sep=" ")
+        if not self.inputs:
+            raise OptionError("inputs", "names no input", sep=" ")
+        for name, entry in self.inputs.items():
+            try:
+                entry.check_lengths(self.lengths)
+            except OptionError as error:
+                raise error.under(f"inputs.{name}") from None
+        chained: set[str | None] = set()
+        for index, block in enumerate(self.blocks):
+            entry_name = block.layers or block.name
+            if entry_name in chained:
+                raise OptionError(f"blocks[{index}]", f"{entry_name!r} appears twice in the chain")
+            chained.add(entry_name)
+
+
+@dataclass(frozen=True)
+class ShapesSection:
+    default: str
+    named: dict[str, ConfigValues]
+    verify: str | None = None
+    common: ConfigValues = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for key in ("default", "verify"):
+            shape = getattr(self, key)
+            if shape is not None and shape not in self.named:
+                raise OptionError(key, f"{shape!r} is not one of shapes.named ({', '.join(self.named)})", sep=" ")
+
+
+@dataclass(frozen=True)
+class DefinitionDocument:
+    """The keys of a recipe a family definition reads (the rest are the converter's)."""
+
+    family: str
+    package: str
+    classes: tuple[str, ...]
+    model: ModelSection
+    pipeline: PipelineSection
+    shapes: ShapesSection
