@@ -14,10 +14,9 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from common.atomic import write_atomic
+from common.errors import UserError
 from common.files import read_json_object
 from partitioning.ipu.errors import IPUError, require_poptorch
-from common.errors import UserError
 
 OUTPUT_MODES = {"all": "All", "sum": "Sum", "final": "Final", "default": "Default"}
 INFERENCE_EXECUTIONS = ("sharded", "pipelined")
@@ -241,9 +240,6 @@ class IPUConfig:
         for path, args in self.option_calls():
             lines.append(f"{path}({', '.join(_render(arg) for arg in args)})")
         return "\n".join(lines) + "\n"
-
-    def to_options_file(self, path: Path, title: str) -> None:
-        write_atomic(path, self.options_text(title).encode("utf-8"))
 
 
 def _resolve(value: Any, poptorch: Any) -> Any:
