@@ -100,10 +100,12 @@ def train(plan: Plan, steps: int, lr: float, seed: int, tied_sum: str, device: t
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Not common.cli.run: a rank keeps the default SIGTERM, so one blocked in a collective dies when torchrun stops it.
+    rank = f"{PROG} (rank {os.environ.get('RANK', '0')})"
     try:
         args = _parser().parse_args(argv)
     except UserError as exc:
-        return report(PROG, exc)
+        return report(rank, exc)
     backend, device = device_for_rank()
     dist.init_process_group(backend)
     try:
@@ -111,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in train(plan, args.steps, args.lr, args.seed, args.tied_sum, device):
             print(line, flush=True)
     except (UserError, OSError) as exc:
-        return report(f"{PROG} (rank {dist.get_rank()})", exc)
+        return report(rank, exc)
     finally:
         dist.destroy_process_group()
     return 0
