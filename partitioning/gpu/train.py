@@ -18,21 +18,24 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from common.cli import Parser, positive_int, report
 from common.errors import UserError
 from families.definition import InputSpec
-from families.models import MicroBatch, make_inputs
 from families.family import ModelFamily
+from families.models import MicroBatch, make_inputs
+from families.shapes import make_config
 from partitioning.files import read_plan
-from partitioning.solve.partition import Settings
 from partitioning.gpu.pipelining import TIED_SUMS, PipelineRun
 from partitioning.plan import Plan
-from families.shapes import make_config
+from partitioning.solve.partition import Settings
+
+PROG = "partitioning.gpu.train"  # partitioning.gpu.launch finds a rank's error by it
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m partitioning.gpu.train", description=__doc__.splitlines()[0])
+    parser = Parser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
     parser.add_argument("--plan", type=Path, required=True, help="plan JSON written by partition-model")
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=positive_int, default=3)
     parser.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate")
     parser.add_argument("--seed", type=int, default=0, help="same on every rank: the stages share one model")
     parser.add_argument("--tied-sum", choices=TIED_SUMS, default="ordered")
@@ -97,7 +100,12 @@ def train(plan: Plan, steps: int, lr: float, seed: int, tied_sum: str, device: t
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    # Not common.cli.run: a rank keeps the default SIGTERM, so one blocked in a collective dies when torchrun stops it.
+    rank = f"{PROG} (rank {os.environ.get('RANK', '0')})"
+    try:
+        args = _parser().parse_args(argv)
+    except UserError as exc:
+        return report(rank, exc)
     backend, device = device_for_rank()
     dist.init_process_group(backend)
     try:
@@ -105,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in train(plan, args.steps, args.lr, args.seed, args.tied_sum, device):
             print(line, flush=True)
     except (UserError, OSError) as exc:
-        print(f"partitioning.gpu.train: error (rank {dist.get_rank()}): {exc}", file=sys.stderr)
-        return 2
+        return report(rank, exc)
     finally:
         dist.destroy_process_group()
     return 0

@@ -8,10 +8,8 @@ spelled out per module the way a hand-written optimum-graphcore
 from __future__ import annotations
 
 import keyword
-from pathlib import Path
 
 from common import __version__
-from common.atomic import write_atomic
 from partitioning.ipu.placement import Placement
 
 _HELPERS = '''
@@ -149,7 +147,3 @@ def render(placement: Placement, command: str) -> str:
                   "            del module.forward"]
     lines.append("    return model")
     return "\n".join(lines) + "\n"
-
-
-def write_parallelize(placement: Placement, path: Path, command: str) -> None:
-    write_atomic(path, render(placement, command).encode("utf-8"))

@@ -14,7 +14,6 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from common.atomic import write_atomic
 from common.errors import UserError
 from common.files import read_json_object
 from common.schema import Check, OptionError, PositiveInt, Proportion, Wording, convert, fail, read, show_json
@@ -203,9 +202,6 @@ class IPUConfig:
         for path, args in self.option_calls():
             lines.append(f"{path}({', '.join(_render(arg) for arg in args)})")
         return "\n".join(lines) + "\n"
-
-    def to_options_file(self, path: Path, title: str) -> None:
-        write_atomic(path, self.options_text(title).encode("utf-8"))
 
 
 def _resolve(value: Any, poptorch: Any) -> Any:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-
 from partitioning.plan import Plan
-from common.errors import UserError
 
 
 def _blocks(names: tuple[str, ...]) -> str:
@@ -39,9 +36,3 @@ def format_plan(plan: Plan) -> str:
             lines.append(f"recomputed, not sent: {value.key} ({_mb(value.bytes)} MB) by stage(s) {', '.join(readers)}")
     return "\n".join(lines)
 
-
-def report_error(exc: UserError | OSError) -> int:
-    """Print a failure as partition-model's one-line error; the exit code for it."""
-    text = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) else str(exc).replace("\n", " ")
-    print(f"partition-model: error: {text}", file=sys.stderr)
-    return 2

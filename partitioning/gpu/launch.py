@@ -1,0 +1,81 @@
+"""``partition-model --run``: train the plan under torchrun, one stage per process, and stop every rank after.
+
+torchrun runs in its own session, so an interrupt of partition-model (Ctrl-C,
+SIGTERM) stops it and every rank it started before partition-model exits, and
+a rank's failure is one line: the rank's own error, else torchrun's summary.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from common.errors import UserError
+
+TRAIN = "partitioning.gpu.train"  # the module each rank runs; its errors start with its name
+
+
+def launch(plan: Path, stages: int, steps: int) -> None:
+    """torchrun the plan's stages, streaming the steps the last stage prints; a failure is one line."""
+    # torchrun keeps its logs (and the ranks their temporaries) in a directory it never removes: give it one of ours.
+    with tempfile.TemporaryDirectory(prefix="partition-model-run-") as scratch:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={stages}",
+                   "--log-dir", scratch, "-m", TRAIN, "--plan", str(plan), "--steps", str(steps)]
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TMPDIR": scratch}
+        _torchrun(command, env)
+
+
+def _torchrun(command: list[str], env: dict[str, str]) -> None:
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                             start_new_session=True)
+    tail: list[str] = []
+    reported: list[str] = []  # a rank's own one-line error says more than torchrun's summary after it
+    try:
+        assert child.stdout is not None
+        for line in child.stdout:
+            if line.startswith("step "):
+                print(line.rstrip(), flush=True)
+            if line.startswith(f"{TRAIN} (rank ") and ": error: " in line:
+                reported.append(line.rstrip())
+            tail = (tail + [line.rstrip()])[-40:]
+        child.wait()
+    finally:
+        if child.poll() is None:  # interrupted: stop torchrun and the ranks it started
+            _stop(child)
+        if child.stdout is not None:
+            child.stdout.close()
+    if child.returncode:
+        raise UserError(f"the pipelined run failed (torchrun exit {child.returncode}): "
+                        f"{reported[-1] if reported else _failure(tail)}")
+
+
+def _stop(child: subprocess.Popen[str]) -> None:
+    for signum, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(child.pid, signum)  # torchrun's own session: it and the ranks it started
+        except ProcessLookupError:
+            return
+        try:
+            child.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _failure(tail: list[str]) -> str:
+    """The line of torchrun's output that says why a rank failed (its summary names the rank and the cause)."""
+    roots = [i for i, line in enumerate(tail) if line.startswith("Root Cause")]
+    tail = tail[roots[-1]:] if roots else tail  # the first failure, not the ranks torchrun stopped because of it
+    rank = next((line.split(":", 1)[1].strip() for line in tail if line.strip().startswith("rank ")), None)
+    cause = next((line.split(":", 1)[1].strip() for line in tail if line.strip().startswith("traceback ")), None)
+    if cause and "To enable traceback" not in cause:
+        return f"rank {rank}: {cause}" if rank else cause
+    code = next((line.split(":", 1)[1].strip() for line in tail if line.strip().startswith("exitcode ")), None)
+    if code:
+        return f"rank {rank} exited with code {code}" if rank else f"a rank exited with code {code}"
+    errors = [line for line in tail if "error" in line.lower()]
+    return errors[-1] if errors else tail[-1] if tail else "no output"
