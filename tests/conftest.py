@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.register_assert_rewrite("transform_helpers")
+pytest.register_assert_rewrite("support.transform_helpers")
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SOURCE_CACHE = FIXTURES / "cache"

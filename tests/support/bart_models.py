@@ -1,0 +1,99 @@
+"""Tiny BART configurations and inputs for the model tests (seeded, no downloads)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from transformers import BartConfig  # noqa: E402
+from transformers.models.bart import modeling_bart as stock  # noqa: E402
+
+from support.model_checks import Family, Inputs  # noqa: E402
+
+generated = importlib.import_module("generated_models.bart.v4_5_1.modeling_bart")
+
+VOCAB, POSITIONS = 48, 40
+# 1-3 layers per stack, tied and untied LM head, gelu and relu, scaled embeddings, dropout 0.1 everywhere.
+# Layer drop stays 0 here (the generic tests seed torch only); tests/test_bart_layerdrop.py sets it.
+CONFIGS = {
+    "1layer-tied": dict(encoder_layers=1, decoder_layers=1),
+    "2layer-untied": dict(encoder_layers=2, decoder_layers=2, tie_word_embeddings=False),
+    "3layer-tied-relu-2dec": dict(encoder_layers=3, decoder_layers=2, activation_function="relu"),
+    "2layer-scaled-3dec": dict(encoder_layers=2, decoder_layers=3, scale_embedding=True),
+}
+# BartModel makes its decoder input by shifting input_ids right when it is given none ("shifted").
+PATHS = {"BartForConditionalGeneration": ("labels", "labels-only", "logits"), "BartModel": ("shifted", "hidden")}
+
+
+def config(name: str, **overrides: Any) -> BartConfig:
+    values = dict(vocab_size=VOCAB, max_position_embeddings=POSITIONS, d_model=16, encoder_attention_heads=2,
+                  decoder_attention_heads=2, encoder_ffn_dim=24, decoder_ffn_dim=20, dropout=0.1,
+                  attention_dropout=0.1, activation_dropout=0.1, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                  decoder_start_token_id=2)
+    return BartConfig(**{**values, **CONFIGS[name], **overrides})
+
+
+def inputs(masks: bool, batch: int = 2, source: int = 7, target: int = 5, seed: int = 1) -> Inputs:
+    """Every input a path may take: ids from 3 (0-2 are <s>, <pad>, </s>), labels with ignored positions."""
+    generator = torch.Generator().manual_seed(seed)
+    values = {"input_ids": torch.randint(3, VOCAB, (batch, source), generator=generator),
+              "decoder_input_ids": torch.randint(3, VOCAB, (batch, target), generator=generator),
+              "labels": torch.randint(3, VOCAB, (batch, target), generator=generator)}
+    values["labels"][0, -2:] = -100  # ignored, and replaced by the pad id in the shifted decoder input
+    if masks:
+        attention = torch.ones(batch, source, dtype=torch.long)
+        attention[1, -3:] = 0
+        decoder = torch.ones(batch, target, dtype=torch.long)
+        decoder[0, -1] = 0
+        values["attention_mask"], values["decoder_attention_mask"] = attention, decoder
+    return values
+
+
+def call_kwargs(class_name: str, values: Inputs, path: str) -> Inputs:
+    """Arguments for one forward path: 'labels' (the loss), 'labels-only' (decoder input shifted from the
+    labels), 'logits', 'hidden', 'shifted' (BartModel's decoder input shifted from input_ids)."""
+    keep = {"input_ids", "attention_mask"}
+    if path not in ("labels-only", "shifted"):
+        keep |= {"decoder_input_ids", "decoder_attention_mask"}
+    if path in ("labels", "labels-only"):
+        keep.add("labels")
+    return {k: v for k, v in values.items() if k in keep}
+
+
+def reference_output(class_name: str, output: Any, kwargs: Inputs) -> torch.Tensor:
+    """The one value the generated model returns, read off the stock ModelOutput."""
+    if class_name == "BartForConditionalGeneration":
+        return output.loss if "labels" in kwargs else output.logits
+    return output.last_hidden_state
+
+
+def family_inputs(masks: bool, batch: int = 2, seed: int = 1, source: int = 7, target: int = 5,
+                  config_name: str = "") -> Inputs:
+    return inputs(masks, batch, source, target, seed)
+
+
+TRAIN_SOURCE, TRAIN_TARGET = 7, 5
+
+
+def train_batch(cfg: BartConfig, size: int, seed: int) -> Inputs:
+    """A BartForConditionalGeneration training batch: padding in both masks, some ignored labels."""
+    vocab = cfg.vocab_size
+    generator = torch.Generator().manual_seed(seed)
+    values = {"input_ids": torch.randint(3, vocab, (size, TRAIN_SOURCE), generator=generator),
+              "attention_mask": torch.ones(size, TRAIN_SOURCE, dtype=torch.long),
+              "decoder_input_ids": torch.randint(3, vocab, (size, TRAIN_TARGET), generator=generator),
+              "decoder_attention_mask": torch.ones(size, TRAIN_TARGET, dtype=torch.long),
+              "labels": torch.randint(3, vocab, (size, TRAIN_TARGET), generator=generator)}
+    values["attention_mask"][1::2, -2:] = 0  # padding in every other sequence
+    values["decoder_attention_mask"][::2, -1] = 0
+    values["labels"][::3, -2:] = -100  # ignored positions
+    return values
+
+
+BART = Family("bart", "4.5.1", stock, generated, config, tuple(CONFIGS), PATHS, family_inputs, call_kwargs,
+              reference_output, lengths={"source": 9, "target": 4}, train_batch=train_batch,
+              train_lengths={"source": TRAIN_SOURCE, "target": TRAIN_TARGET})

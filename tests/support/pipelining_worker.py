@@ -1,0 +1,129 @@
+"""One rank of the pipelining acceptance test (run under torchrun): pipeline vs single-process reference.
+
+For every case named on the command line it trains the family's default class (tests/model_families.py)
+3 steps both ways from the same weights and writes, per rank, the names of whatever differs (losses,
+gradients, parameters, tied copies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the support package
+from support.model_families import FAMILIES  # noqa: E402
+
+from support.model_checks import Family  # noqa: E402
+from families.models import MicroBatch  # noqa: E402
+from partitioning.solve.partition import Settings, build_plan, partition  # noqa: E402
+from partitioning.gpu.pipelining import PipelineRun  # noqa: E402
+from partitioning.cost.chain import family_chain
+
+STEPS, PER_MICRO_BATCH = 3, 2
+
+
+def without_dropout(cfg: object) -> object:
+    """The config with every dropout probability 0: the reference and the ranks draw no random numbers."""
+    for key, value in cfg.to_dict().items():  # type: ignore[attr-defined]
+        if isinstance(value, float) and ("dropout" in key or key.endswith("pdrop")):
+            setattr(cfg, key, 0.0)
+    return cfg
+
+
+def run_case(family: Family, case: str, out: Path) -> None:
+    config_name, schedule, micro_batches, split, *options = case.split(":")
+    tied_sum = "allreduce" if "allreduce" in options else "ordered"
+    micro_batches = int(micro_batches)
+    # ordered: bit-equal to the reference; allreduce: equal up to the order of the float sum
+    same = torch.equal if tied_sum == "ordered" else lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    cfg = without_dropout(family.make_config(config_name))
+    models = family.model_family
+    class_name = models.definition.default_class
+    torch.manual_seed(0)
+    model = models.build(class_name, cfg, device="cpu").make_stateless()
+    reference = copy.deepcopy(model)
+
+    micro_batch = MicroBatch(PER_MICRO_BATCH, family.train_lengths)
+    chain = family_chain(models, class_name, cfg, micro_batch)
+    # send: every crossing value is sent, as before recomputation existed
+    settings = Settings(micro_batches=micro_batches, schedule=schedule, recompute="send" not in options)
+    if split == "optimal":
+        plan = partition(chain.blocks, dist.get_world_size(), settings, {}, chain.values)
+    else:  # the names of the first blocks of stages 1, 2, ...
+        names = [block.name for block in chain.blocks]
+        starts = [0] + [names.index(name) for name in split.split(",")]
+        segments = [(start, end - 1) for start, end in zip(starts, starts[1:] + [len(names)])]
+        plan = build_plan(chain.blocks, segments, settings, {}, values=chain.values)
+
+    assert family.train_batch is not None
+    data = [family.train_batch(cfg, PER_MICRO_BATCH * micro_batches, 10 + step) for step in range(STEPS)]
+    example = {k: v[:PER_MICRO_BATCH] for k, v in data[0].items()}  # labels too: the model computes its loss
+    run = PipelineRun(model, plan, example, micro_batches=micro_batches, schedule=schedule, tied_sum=tied_sum)
+    tied = {c.name.removeprefix("model."): c for c in run.tied}
+    rank, last = dist.get_rank(), dist.get_rank() == len(plan.stages) - 1
+
+    local = {name.removeprefix("model."): p for name, p in run.module.named_parameters()}
+    # every name of a parameter: BERT's MLM decoder bias is its head's bias too, and a stage names it by its use
+    reference_parameters = dict(reference.named_parameters(remove_duplicate=False))
+    optimizer = torch.optim.Adam(run.module.parameters(), lr=1e-2, foreach=False)
+    reference_optimizer = torch.optim.Adam(reference.parameters(), lr=1e-2, foreach=False)
+    problems: list[str] = []
+    for step, values in enumerate(data):
+        losses = run.step(values)
+        expected = []
+        for chunk in range(micro_batches):
+            part = {k: v.tensor_split(micro_batches)[chunk] for k, v in values.items()}
+            loss = reference(**part)
+            loss.backward()
+            expected.append(loss.detach())
+        for p in reference.parameters():
+            p.grad.div_(micro_batches)  # as the schedule scales gradients
+        if last and not (len(losses) == micro_batches and all(same(a.detach(), b) for a, b in zip(losses, expected))):
+            problems.append(f"step {step}: losses {losses} != {expected}")
+        for name, p in local.items():
+            if p.grad is None or not same(p.grad, reference_parameters[name].grad):
+                problems.append(f"step {step}: gradient of {name}")
+        optimizer.step(), reference_optimizer.step()
+        optimizer.zero_grad(), reference_optimizer.zero_grad()
+    for name, p in local.items():
+        if not same(p, reference_parameters[name]):
+            problems.append(f"after {STEPS} steps: {name}")
+    for name, copy_ in tied.items():  # every replica of a tied weight is the same tensor
+        replicas = [torch.empty_like(copy_.parameter) for _ in copy_.stages]
+        dist.all_gather(replicas, copy_.parameter.detach(), group=copy_.group)
+        if not all(torch.equal(replica, replicas[0]) for replica in replicas):
+            problems.append(f"after {STEPS} steps: replicas of {name} differ")
+    record = {"case": case, "rank": rank, "problems": problems, "parameters": sorted(local),
+              "tied": {name: list(c.stages) for name, c in tied.items()},
+              "replayed": run.recomputation.replayed.get(rank, []), "planned": list(plan.stages[rank].recompute),
+              "received": [list(n.meta["val"].shape) for n in run.module.graph.nodes if n.op == "placeholder"]}
+    (out / f"{family.name}_{case.replace(':', '_').replace(',', '+')}.rank{rank}.json").write_text(json.dumps(record))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--family", default="t5", choices=sorted(FAMILIES))
+    parser.add_argument("cases", nargs="+",
+                        help="config:schedule:micro-batches:split[:allreduce][:send], split = 'optimal' or the "
+                             "comma-separated first blocks of stages 1, 2, ...; send: plan without recomputation")
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    try:
+        for case in args.cases:
+            run_case(FAMILIES[args.family], case, args.out)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())
