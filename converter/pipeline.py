@@ -12,15 +12,15 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
 from common import __version__
-from converter import verify
 from common.errors import UserError
+from common.schema import OptionError
+from converter import verify
 from converter.fetch import SourceFile
 from converter.recipes import Recipe, TransformStep
 from families.layout import version_dir
 from transforms import REGISTRY
 from transforms.analysis.syntax import is_docstring, is_import_line
 from transforms.library.base import DEFER_IMPORT_EDITS, EXPORTED_CLASSES, HEADER_NOTES, SUPPORT_SOURCES, TransformError
-from common.schema import OptionError
 
 log = logging.getLogger("converter")
 

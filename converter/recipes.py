@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.errors import UserError
+from common.schema import OptionError, parse_options
+from common.versions import Release, VersionError, VersionRange
 from families.definition import FamilyDefinition, parse_definition
 from families.registry import parse_document, recipe_documents
-from common.versions import Release, VersionError, VersionRange
 from transforms import REGISTRY
-from common.schema import OptionError, parse_options
 
 
 @dataclass(frozen=True)

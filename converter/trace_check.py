@@ -20,8 +20,8 @@ import traceback
 from pathlib import Path
 
 from common.errors import UserError
-from families.layout import version_dir
 from converter.recipes import get_recipe
+from families.layout import version_dir
 
 
 def _import_package(directory: Path, name: str) -> object:

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from families.definition import BATCH, InputSpec
 from common.errors import UserError
+from families.definition import BATCH, InputSpec
 
 _DTYPES = {"int64": torch.long, "float32": torch.float32}
 

@@ -15,9 +15,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from families.models import import_class
-from common.files import read_json_object
 from common.errors import UserError
+from common.files import read_json_object
+from families.models import import_class
 
 MAX_CONFIG_BYTES = 1 << 20
 

@@ -10,17 +10,14 @@ them are written together by :func:`write_outputs`, all or nothing
 
 from __future__ import annotations
 
-import errno
-import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from common.atomic import write_all_atomic
+from common.errors import UserError
 from common.files import read_text
 from partitioning.plan import Plan
-from common.errors import UserError
 
 MAX_PLAN_BYTES = 16 << 20
 

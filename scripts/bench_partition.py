@@ -32,14 +32,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from common.atomic import write_atomic
-from partitioning.cost import granularity as grain
-from partitioning.solve.baselines import parameter_balanced_split, uniform_split
-from partitioning.cost.costing import Chain
 from families.family import ModelFamily, definitions
-from partitioning.solve.partition import Settings, build_plan, partition
-from partitioning.plan import Plan
-from partitioning.solve.plot import plot_ratios
+from partitioning.cost import granularity as grain
 from partitioning.cost.chain import family_chain
+from partitioning.cost.costing import Chain
+from partitioning.plan import Plan
+from partitioning.solve.baselines import parameter_balanced_split, uniform_split
+from partitioning.solve.partition import Settings, build_plan, partition
+from partitioning.solve.plot import plot_ratios
 
 STAGES = (2, 4, 8)
 BATCH = 8

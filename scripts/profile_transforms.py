@@ -14,9 +14,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from converter.fetch import Fetcher  # noqa: E402
-from converter.recipes import get_recipe  # noqa: E402
 from converter.pipeline import add_imports  # noqa: E402
-
+from converter.recipes import get_recipe  # noqa: E402
 from transforms import REGISTRY  # noqa: E402
 from transforms.library.base import DEFER_IMPORT_EDITS, SUPPORT_SOURCES  # noqa: E402
 

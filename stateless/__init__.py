@@ -5,9 +5,9 @@ from stateless.dropout import FunctionalDropout
 from stateless.dtypes import finfo_value
 from stateless.fp16 import clamp_inf_fp16
 from stateless.layerdrop import LayerDrop, unless_dropped
+from stateless.layers import StatelessEmbedding, StatelessLinear
 from stateless.leaves import finfo, setitem
 from stateless.masks import create_bidirectional_mask, create_causal_mask
-from stateless.layers import StatelessEmbedding, StatelessLinear
 from stateless.sharing import (
     call_shared,
     is_stateless,

@@ -6,8 +6,8 @@ import base64
 import hashlib
 import importlib.util
 import os
-import sys
 import shutil
+import sys
 import zipfile
 from pathlib import Path
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.fx import GraphModule, Node
 
-from partitioning.plan import Recompute, Value, value_key
 from partitioning.cost.slices import OpFacts, backward_slice
+from partitioning.plan import Recompute, Value, value_key
 
 
 @dataclass

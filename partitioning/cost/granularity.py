@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from common.errors import UserError
 from partitioning.cost.costing import Chain
 from partitioning.plan import Block, Plan, layer_of
-from common.errors import UserError
 
 AUTO, SUBLAYER = "auto", "sublayer"
 

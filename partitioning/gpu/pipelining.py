@@ -35,11 +35,11 @@ from torch import nn
 from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, SplitPoint
 from torch.distributed.pipelining._IR import Pipe, annotate_split_points
 
-from partitioning.plan import Plan
 from common.errors import UserError
 from partitioning.gpu.recompute_graph import Recomputation, recompute_policy
 from partitioning.gpu.stage_graphs import contiguous_boundaries, relay_shared_activations, sort_stage_inputs
 from partitioning.gpu.tied import TiedCopy, holders, ordered_sum
+from partitioning.plan import Plan
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 TIED_SUMS = ("ordered", "allreduce")

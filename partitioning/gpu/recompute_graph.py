@@ -27,10 +27,10 @@ import torch
 from torch.distributed.pipelining._IR import aten_pipe_split_alias
 from torch.fx import Graph, GraphModule, Node
 
-from partitioning.gpu.gradient_return import GradientLink
-from partitioning.plan import Plan, value_key
 from common.errors import UserError
 from partitioning.cost.slices import aten_facts, backward_slice
+from partitioning.gpu.gradient_return import GradientLink
+from partitioning.plan import Plan, value_key
 
 
 @dataclass

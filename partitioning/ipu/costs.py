@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from partitioning.ipu.errors import IPUError
-from partitioning.solve.partition import Settings, min_max_split
 from partitioning.plan import Plan, Stage
+from partitioning.solve.partition import Settings, min_max_split
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from partitioning.ipu.section import PublishedLayout
 from partitioning.ipu.memory import TERM_COLUMNS
 from partitioning.ipu.placement import Placement
+from partitioning.ipu.section import PublishedLayout
 
 
 def _table(rows: Sequence[tuple[str, ...]], left: int) -> list[str]:

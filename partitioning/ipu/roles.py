@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.errors import UserError
 from families.definition import FamilyDefinition
 from families.family import definitions
 from partitioning.ipu.errors import IPUError
-from common.errors import UserError
 
 STATELESS_HINT = "call model.make_stateless() first"
 STATEFUL_HINT = "call model.make_stateful() first (or plan for the stateless form)"

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from common.atomic import write_atomic
-from partitioning.plan import Plan
 from common.errors import UserError
+from partitioning.plan import Plan
 
 
 def _pyplot():  # type: ignore[no-untyped-def]

@@ -15,8 +15,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
+
 from common.atomic import is_temporary, recover, write_all_atomic, write_atomic
 
 OLD = {"a.txt": b"old a", "sub/b.txt": b"old b"}

@@ -6,8 +6,8 @@ import itertools
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, SOURCE_CACHE, T5_MEMBER, T5_SOURCE, FakeIndex, isolate_pip, release_members, snapshot
+
 from converter.cli import main
 
 

@@ -11,8 +11,8 @@ import os
 
 import libcst as cst
 import pytest
-
 from conftest import FIXTURES
+
 from converter.fetch import Fetcher
 from converter.pipeline import transform_module
 from converter.recipes import get_recipe

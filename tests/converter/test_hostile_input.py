@@ -20,13 +20,13 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import SOURCE_CACHE, T5_MEMBER, T5_SOURCE, FakeIndex, release_members, snapshot
+from test_cli import assert_rejected, convert, one_error_line
+
 from common.atomic import is_temporary
 from converter.cli import main
 from converter.fetch import Fetcher
 from converter.recipes import get_recipe
-from test_cli import assert_rejected, convert, one_error_line
 
 SUPPORT_MEMBER = "transformers/modeling_utils.py"
 MANIFEST = "transformers-4.5.1/manifest.json"

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, SOURCE_CACHE
+
 from converter.cli import main
 from converter.trace_check import check
 

@@ -13,7 +13,6 @@ import random
 
 import pytest
 import torch
-
 from support.bart_models import BART, call_kwargs, config, generated, inputs, stock
 from support.model_checks import assert_equal_gradients, fx_trace, scalar
 

@@ -16,14 +16,13 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
-
-from support import bart_models
-from support import ftpipe_standin
-import stateless
+from support import bart_models, ftpipe_standin
 from support.model_checks import Family as ModelFamily
 from support.model_families import BERT, GPT2, ROBERTA
 from support.t5_models import call_kwargs, config, generated, inputs
+from torch import nn
+
+import stateless
 
 
 @dataclass(frozen=True)

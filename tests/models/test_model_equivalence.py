@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from support.model_checks import Family, assert_equal_gradients, eval_outputs, train_step
 from support.model_families import GENERIC
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
-
 from support.model_checks import Family, assert_equal_gradients, eval_outputs, fx_trace, shared_weight_uses, train_step
 from support.model_families import GENERIC
+from torch import nn
+
 from stateless import StatelessEmbedding, StatelessLinear
 
 CASES = [(family, config_name, class_name) for family in GENERIC for config_name in family.configs

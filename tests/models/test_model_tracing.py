@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.export import Dim
-
 from support.model_checks import Family, assert_clean_graph, assert_train_trace_follows_mode, dropout_nodes, fx_trace
 from support.model_families import GENERIC
+from torch.export import Dim
 
 # Traced on the richest config (cross-attention where the family has it) and a plain one.
 CASES = [(family, config_name, class_name, path) for family in GENERIC

@@ -14,13 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import REPO, SUPPORT, TORCHRUN, real_weights
+from support.threads import RANK_THREADS, threads
 from transformers.models.bert import modeling_bert as stock
 
-from support import real_weights
 from generated_models.bert.v4_5_1 import modeling_bert as generated
-from support import REPO, SUPPORT, TORCHRUN
-from support.threads import RANK_THREADS, threads
-
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from support.t5_models import CLASSES, call_kwargs, config, generated, inputs, pair, reference_output, stock
 from torch import nn
 
 from stateless import StatelessEmbedding, StatelessLinear
-from support.t5_models import CLASSES, call_kwargs, config, generated, inputs, pair, reference_output, stock
 
 TIED, UNTIED = "1layer-relu-tied", "2layer-gelu-untied"
 PATH = {"T5ForConditionalGeneration": "labels", "T5Model": "hidden", "T5EncoderModel": "hidden"}

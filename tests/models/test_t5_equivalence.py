@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from support.model_checks import scalar
 from support.t5_models import CLASSES, CONFIGS, call_kwargs, inputs, pair, reference_output
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
-from torch.export import Dim
-
 from support.model_checks import assert_clean_graph, fx_trace
 from support.t5_models import CLASSES, call_kwargs, config, generated, inputs, stock
+from torch.export import Dim
 
 CONFIG = "2layer-gelu-untied"
 PATH = {"T5ForConditionalGeneration": "labels", "T5Model": "hidden", "T5EncoderModel": "hidden"}

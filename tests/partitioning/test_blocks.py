@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.t5_models import CLASSES, T5, config
 from torch.utils.flop_counter import FlopCounterMode
 
-from families.models import MicroBatch
-from partitioning.cost.costing import BlockSpec, cost_chain
 from common.errors import UserError
-from support.t5_models import CLASSES, T5, config
-from partitioning.cost.chain import family_chain, block_specs
+from families.models import MicroBatch
+from partitioning.cost.chain import block_specs, family_chain
+from partitioning.cost.costing import BlockSpec, cost_chain
 
 MB = MicroBatch(batch=2, lengths={"source": 7, "target": 5})
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from support.t5_models import T5, config
 
-from families.models import MicroBatch
-from partitioning.cost.calibration import Calibration, role
-from partitioning.cli import main
-from partitioning.solve.partition import Settings
-from partitioning.plan import Plan
 from common.errors import UserError
+from families.models import MicroBatch
+from partitioning.cli import main
+from partitioning.cost.calibration import Calibration, role
 from partitioning.cost.chain import family_chain
+from partitioning.plan import Plan
+from partitioning.solve.partition import Settings
 
 CLASS = "T5ForConditionalGeneration"
 LAYERS = ("encoder.block", "decoder.block")

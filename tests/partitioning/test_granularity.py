@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from support.t5_models import T5, config
 
-from partitioning.cost import granularity as grain
-from partitioning.solve.baselines import uniform_split
-from families.models import MicroBatch
-from partitioning.solve.partition import Settings, partition
 from common.errors import UserError
+from families.models import MicroBatch
+from partitioning.cost import granularity as grain
 from partitioning.cost.chain import family_chain
+from partitioning.solve.baselines import uniform_split
+from partitioning.solve.partition import Settings, partition
 
 MB = MicroBatch(2, {"source": 7, "target": 5})
 CLASS = "T5ForConditionalGeneration"

@@ -6,8 +6,8 @@ import json
 import sys
 from pathlib import Path
 
-from support import poptorch_standin
 import pytest
+from support import poptorch_standin
 from test_ipu_t5 import t5, t5_plan
 
 from partitioning.cli import main

@@ -6,9 +6,9 @@ import json
 import sys
 from pathlib import Path
 
-from support import poptorch_standin
 import pytest
 import torch
+from support import poptorch_standin
 
 from common.errors import UserError
 from partitioning.ipu.config import IPUConfig

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from support import poptorch_standin
 import pytest
 import torch
+from support import poptorch_standin
 from support.model_checks import Family
 from support.model_families import GENERIC
 from test_ipu_t5 import load, placed, run, write_placement

@@ -8,8 +8,8 @@ import pytest
 from support.t5_models import t5_roles
 
 from partitioning.ipu.config import IPUConfig
-from partitioning.ipu.memory import IPU_MEMORY_BYTES
 from partitioning.ipu.errors import IPUError
+from partitioning.ipu.memory import IPU_MEMORY_BYTES
 from partitioning.ipu.placement import Placement, place, plan_ipu, validate
 from partitioning.ipu.roles import Roles
 from partitioning.plan import Block, Plan, Stage

@@ -14,9 +14,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from support import poptorch_standin
 import pytest
 import torch
+from support import poptorch_standin
 from support.t5_models import T5, generated, inputs, t5_roles
 from transformers import T5Config
 

@@ -7,11 +7,13 @@ import math
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings as hypothesis_settings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
-from partitioning.solve.partition import Settings, build_plan, min_max_split, partition
-from partitioning.plan import Block, Plan
 from common.errors import UserError
+from partitioning.plan import Block, Plan
+from partitioning.solve.partition import Settings, build_plan, min_max_split, partition
 
 
 def chain(flops: list[int], out: list[int] | None = None, params: list[int] | None = None,

@@ -6,16 +6,16 @@ import functools
 import itertools
 
 import pytest
+from support.t5_models import T5, config
 
-from partitioning.solve.baselines import parameter_balanced_split, parameter_counts, uniform_split
+from common.errors import UserError
 from families.models import MicroBatch
+from partitioning.cost.chain import family_chain
 from partitioning.cost.costing import Chain
-from partitioning.solve.partition import Settings, build_plan, partition
 from partitioning.gpu.module_to_device import module_to_device
 from partitioning.plan import Block
-from common.errors import UserError
-from support.t5_models import T5, config
-from partitioning.cost.chain import family_chain
+from partitioning.solve.baselines import parameter_balanced_split, parameter_counts, uniform_split
+from partitioning.solve.partition import Settings, build_plan, partition
 
 LISTS = T5.layer_lists("T5ForConditionalGeneration")  # encoder.block, decoder.block
 

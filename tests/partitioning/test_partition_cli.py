@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from support.t5_models import config
 
 from partitioning.cli import main
 from partitioning.plan import Plan
-from support.t5_models import config
 
 
 @pytest.fixture

@@ -15,22 +15,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-
-from families.models import MicroBatch
-from partitioning.solve.partition import Settings, build_plan
-from partitioning.gpu.pipelining import PipelineRun, split_spec
-from common.errors import UserError
 from support import REPO, SUPPORT, TORCHRUN
 from support.t5_models import T5, config
-from partitioning.cost.chain import family_chain
 
+from common.errors import UserError
+from families.models import MicroBatch
+from partitioning.cost.chain import family_chain
+from partitioning.gpu.pipelining import PipelineRun, split_spec
+from partitioning.solve.partition import Settings, build_plan
 
 
 def launch(ranks: int, cases: list[str], out: Path, family: str = "t5") -> dict[str, list[dict]]:
@@ -190,6 +187,7 @@ def test_pipeline_run_needs_torchrun() -> None:
 def test_partition_model_run_trains_the_plan_under_torchrun(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                             family: str) -> None:
     from support.model_families import FAMILIES
+
     from partitioning.cli import main
 
     cfg = tmp_path / "config.json"

@@ -12,18 +12,27 @@ from dataclasses import replace
 
 import pytest
 import torch
-from hypothesis import given, settings as hypothesis_settings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+from support.t5_models import T5, config
 from torch.distributed.pipelining._IR import Pipe, annotate_split_points
 
-from families.models import MicroBatch
-from partitioning.solve.partition import ChainCosts, Settings, build_plan, choose_recomputed, partition, recompute_seconds
-from partitioning.gpu.pipelining import CarryInputs, split_spec
-from partitioning.plan import Block, Plan, Recompute, Value
 from common.errors import UserError
-from partitioning.gpu.recompute_graph import Recomputation, recompute_policy
-from partitioning.cost.slices import aten_facts, backward_slice
-from support.t5_models import T5, config
+from families.models import MicroBatch
 from partitioning.cost.chain import family_chain
+from partitioning.cost.slices import aten_facts, backward_slice
+from partitioning.gpu.pipelining import CarryInputs, split_spec
+from partitioning.gpu.recompute_graph import Recomputation, recompute_policy
+from partitioning.plan import Block, Plan, Recompute, Value
+from partitioning.solve.partition import (
+    ChainCosts,
+    Settings,
+    build_plan,
+    choose_recomputed,
+    partition,
+    recompute_seconds,
+)
 
 MB = MicroBatch(2, {"source": 7, "target": 5})
 ENCODER_BIAS = "encoder.block.0.layer.0.SelfAttention:float32[2, 2, 7, 7]"

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 from conftest import load_script
+from support import REPO, SUPPORT
 from support.t5_release_worker import CHECKS, run_in_subprocess
 
 from converter.recipes import load_recipes
 from families.layout import version_dir
 
-from support import REPO, SUPPORT
 GENERATED = REPO / "generated_models" / "t5"
 WORKER = SUPPORT / "t5_release_worker.py"
 _SOURCE = re.compile(r"^# source: transformers (\S+), transformers/models/t5/modeling_t5\.py$", re.M)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: run as a script, it imports the support package
 from support.release_process import wrong_release  # noqa: E402
 

@@ -18,13 +18,12 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the support package
-from support.model_families import FAMILIES  # noqa: E402
-
-from support.model_checks import Family  # noqa: E402
 from families.models import MicroBatch  # noqa: E402
-from partitioning.solve.partition import Settings, build_plan, partition  # noqa: E402
-from partitioning.gpu.pipelining import PipelineRun  # noqa: E402
 from partitioning.cost.chain import family_chain
+from partitioning.gpu.pipelining import PipelineRun  # noqa: E402
+from partitioning.solve.partition import Settings, build_plan, partition  # noqa: E402
+from support.model_checks import Family  # noqa: E402
+from support.model_families import FAMILIES  # noqa: E402
 
 STEPS, PER_MICRO_BATCH = 3, 2
 

@@ -13,13 +13,12 @@ import torch.distributed as dist
 from torch.distributed.pipelining import ScheduleGPipe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the support package
-from support import real_weights  # noqa: E402
-
-from families.models import MicroBatch  # noqa: E402
 from families.family import ModelFamily  # noqa: E402
-from partitioning.solve.partition import Settings, partition  # noqa: E402
-from partitioning.gpu.pipelining import PipelineRun  # noqa: E402
+from families.models import MicroBatch  # noqa: E402
 from partitioning.cost.chain import family_chain
+from partitioning.gpu.pipelining import PipelineRun  # noqa: E402
+from partitioning.solve.partition import Settings, partition  # noqa: E402
+from support import real_weights  # noqa: E402
 
 MICRO_BATCHES = 2
 

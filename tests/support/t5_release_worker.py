@@ -39,8 +39,8 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -275,9 +275,9 @@ def partition_cases(models: Models) -> Iterator[Case]:
     import io
     import tempfile
 
-    from partitioning.cli import main as partition_model
-
     import transformers
+
+    from partitioning.cli import main as partition_model
 
     release = transformers.__version__
     for class_name in CLASSES:

@@ -1,4 +1,5 @@
 from support.transform_helpers import assert_rewrites, assert_unchanged
+
 from transforms.absolute_imports import AbsoluteImports
 
 

@@ -1,7 +1,7 @@
 import torch
 import torch.fx
-
 from support.transform_helpers import assert_rewrites, assert_unchanged, run
+
 from transforms.buffer_slices import BufferSlices
 
 ATTENTION = """\

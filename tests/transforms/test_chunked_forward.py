@@ -1,9 +1,9 @@
 import pytest
 import torch
-
 from support.transform_helpers import assert_rewrites, assert_unchanged, run
-from transforms.library.base import TransformError
+
 from transforms.chunked_forward import ChunkedForward
+from transforms.library.base import TransformError
 
 HELPER = "from transformers.modeling_utils import apply_chunking_to_forward\n"
 

@@ -1,8 +1,8 @@
 import pytest
-
 from support.transform_helpers import assert_rewrites, assert_unchanged, run
-from transforms.library.base import TransformError
+
 from transforms.copy_definitions import CopyDefinitions
+from transforms.library.base import TransformError
 
 # In the shape of transformers 4.5.1's modeling_utils.py.
 SUPPORT = '''\

@@ -7,11 +7,11 @@ from typing import Any
 import libcst as cst
 import pytest
 import torch
-from support import transform_helpers
 from conftest import T5_SOURCE
 from libcst.codemod import CodemodContext
-from torch import nn
+from support import transform_helpers
 from support.transform_helpers import MODULE, assert_rewrites, assert_unchanged, run
+from torch import nn
 from transformers import T5Config
 from transformers.models.t5.modeling_t5 import T5Attention
 

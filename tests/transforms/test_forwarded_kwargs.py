@@ -7,14 +7,14 @@ from functools import partial
 
 import libcst as cst
 import pytest
-from support import transform_helpers
 from conftest import REPO, T5_MEMBER
 from libcst.codemod import CodemodContext
+from support import transform_helpers
 from support.transform_helpers import MODULE, assert_rewrites, assert_unchanged
 
+from common.schema import OptionError, parse_options
 from transforms import REGISTRY
 from transforms.drop_forwarded_kwargs import DropForwardedKwargs, ForwardedKwargsOptions
-from common.schema import OptionError, parse_options
 
 KWARGS_ANNOTATIONS = ("transformers.utils.TransformersKwargs",)
 

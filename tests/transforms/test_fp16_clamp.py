@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import torch
-from support import transform_helpers
 from conftest import T5_SOURCE
+from support import transform_helpers
 from support.transform_helpers import assert_rewrites, assert_unchanged, run
 
 from stateless.fp16 import clamp_inf_fp16

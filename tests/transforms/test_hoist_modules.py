@@ -4,8 +4,8 @@ from textwrap import dedent
 import libcst as cst
 import libcst.matchers as m
 import pytest
-from support import transform_helpers
 from conftest import T5_SOURCE
+from support import transform_helpers
 from support.transform_helpers import assert_rewrites, assert_unchanged, run
 
 from transforms.hoist_modules import HoistModules

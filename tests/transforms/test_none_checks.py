@@ -10,10 +10,10 @@ from typing import Any
 
 import libcst as cst
 import libcst.matchers as m
-from support import transform_helpers
 from conftest import T5_SOURCE
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import transform_helpers
 from support.transform_helpers import assert_rewrites, assert_unchanged
 
 from stateless.checks import is_None, is_not_None

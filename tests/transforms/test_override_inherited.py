@@ -1,6 +1,6 @@
 import pytest
-
 from support.transform_helpers import assert_rewrites, assert_unchanged, run
+
 from transforms.override_inherited import OverrideInherited
 
 SUPPORT = '''\

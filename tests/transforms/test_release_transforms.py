@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 from libcst.codemod import CodemodContext
-
 from support.transform_helpers import assert_rewrites, assert_unchanged
-from transforms.library.base import EXPORTED_CLASSES
+
 from transforms.drop_decorators import DropDecorators
 from transforms.dtype_branch_leaf import DtypeBranchLeaf
 from transforms.item_assignment import ItemAssignment
 from transforms.leaf_calls import LeafCalls
+from transforms.library.base import EXPORTED_CLASSES
 from transforms.optional_imports import OptionalImports
 from transforms.prune_classes import PruneClasses
 from transforms.replace_bases import ReplaceBases

@@ -7,10 +7,10 @@ the embedding and the tied head), with the options its recipe gives.
 from __future__ import annotations
 
 import pytest
-
 from support.transform_helpers import assert_rewrites, assert_unchanged, run
-from transforms.library.base import TransformError
+
 from common.schema import OptionError
+from transforms.library.base import TransformError
 from transforms.shared_weight import SharedWeight, SharedWeightOptions
 
 COMMON = {"weight": "shared_embed_weight", "parameter": "shared_embedding"}
@@ -465,8 +465,8 @@ def test_options_are_checked(change, message: str) -> None:  # type: ignore[no-u
 
 def test_the_layouts_in_docs_families_md_are_the_ones_tested_here() -> None:
     import re
-    import tomllib
 
+    import tomllib
     from conftest import REPO
     text = (REPO / "docs" / "families.md").read_text()
     block = re.search(r"^### The `shared_weight` step\n.*?```toml\n(.*?)^```", text, re.S | re.M)

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 import libcst as cst
 import libcst.matchers as m
 import pytest
-from support import transform_helpers
 from conftest import T5_SOURCE
+from support import transform_helpers
 from support.transform_helpers import assert_rewrites, assert_unchanged
 
 from transforms.shift_right import FunctionalShiftRight

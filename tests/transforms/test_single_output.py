@@ -1,8 +1,8 @@
 import pytest
-
 from support.transform_helpers import assert_rewrites, assert_unchanged, run
-from transforms.library.base import TransformError
+
 from common.schema import OptionError
+from transforms.library.base import TransformError
 from transforms.single_output import SingleOutput
 
 RETURNS = {"returns": {"LM": "loss if labels is not None else logits", "Encoder": "outputs[0]"}}

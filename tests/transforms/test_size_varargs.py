@@ -1,7 +1,7 @@
 import pytest
-
 from conftest import T5_SOURCE
 from support.transform_helpers import assert_rewrites, assert_unchanged, run
+
 from transforms.size_varargs import SizeVarargs
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 from textwrap import dedent
 
 import pytest
-
 from support.transform_helpers import assert_rewrites, assert_unchanged, run
+
 from transforms.specialize_arguments import SpecializeArguments
 
 OPTIONS = {"constants": {"head_mask": "None", "use_cache": "False", "return_dict": "False",
