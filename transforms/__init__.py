@@ -17,6 +17,7 @@ from transforms.layer_drop import LayerDropLoop
 from transforms.leaf_calls import LeafCalls
 from transforms.none_checks import NoneChecks
 from transforms.optional_imports import OptionalImports
+from transforms.out_of_place import OutOfPlace
 from transforms.override_inherited import OverrideInherited
 from transforms.prune_classes import PruneClasses
 from transforms.remove_classes import RemoveClasses
@@ -49,6 +50,7 @@ REGISTRY: dict[str, type[Transform]] = {
     "dtype_branch_leaf": DtypeBranchLeaf,
     "leaf_calls": LeafCalls,
     "item_assignment": ItemAssignment,
+    "out_of_place": OutOfPlace,
     "fp16_clamp": Fp16Clamp,
     "finfo_values": FinfoValues,
     "layer_drop": LayerDropLoop,
