@@ -350,10 +350,10 @@ class Layer(nn.Module):
             return getattr(self._module, name)
 
     def __getitem__(self, key: Any) -> Any:
-        return self._module[key]
+        return self._module[key]  # type: ignore[index]  # a ModuleList's item, as FTPipe's layer forwards it
 
     def __len__(self) -> int:
-        return len(self._module)
+        return len(self._module)  # type: ignore[arg-type]  # a ModuleList's length, as FTPipe's layer forwards it
 
     def forward(self, *args: Any, **kwargs: Any) -> Traced:
         tracer = self._standin_tracer
@@ -379,8 +379,8 @@ class Layer(nn.Module):
 
 def _run_non_leaf(tracer: _Tracer, module: nn.Module, args: tuple, kwargs: dict) -> Traced:
     """Run ``module``'s Python forward with its own parameters and buffers wrapped too."""
-    own = [(store, name) for store in (module._parameters, module._buffers) for name, value in store.items()
-           if value is not None]
+    stores: tuple[dict[str, Any], ...] = (module._parameters, module._buffers)
+    own = [(store, name) for store in stores for name, value in store.items() if value is not None]
     originals = {(id(store), name): store[name] for store, name in own}
     for store, name in own:
         tracer.scope.append(f"{tracer.scope[-1]}.{name}")

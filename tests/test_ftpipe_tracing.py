@@ -14,16 +14,16 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-import pytest
-import torch
-from torch import nn
-
 import bart_models
 import ftpipe_standin
-import stateless
+import pytest
+import torch
 from model_checks import Family as ModelFamily
 from model_families import BERT, GPT2, ROBERTA
 from t5_models import call_kwargs, config, generated, inputs
+from torch import nn
+
+import stateless
 
 
 @dataclass(frozen=True)
@@ -86,17 +86,8 @@ FAMILIES = {
     "roberta": _generic(ROBERTA, ("2layer-relative-key-query", "2layer-untied-relu"), tuple(ROBERTA.cases())),
 }
 
-# KNOWN GAP: a base class in stateless form owns the shared weight itself, and its forward reads
-# ``self.dtype`` (ModuleUtilsMixin: the first of ``self.parameters()``); the tracer wraps a non-leaf module's own
-# parameters and a wrapper is unhashable, so ``parameters()`` fails.  The heads keep the weight above the base
-# model and trace.  Strict: a fix makes these cases fail until the mark is removed.
-_OWN_WEIGHT_READS_DTYPE = pytest.mark.xfail(raises=TypeError, strict=True,
-                                            reason="self.dtype over the tracer's wrapped own parameters")
-_BASE_CLASSES = {"GPT2Model", "BertModel", "RobertaModel"}
-
 CASES = [
-    pytest.param(family, class_name, path, config_name, form, id=f"{family}-{class_name}-{path}-{config_name}-{form}",
-                 marks=[_OWN_WEIGHT_READS_DTYPE] if form == "stateless" and class_name in _BASE_CLASSES else [])
+    pytest.param(family, class_name, path, config_name, form, id=f"{family}-{class_name}-{path}-{config_name}-{form}")
     for family, spec in FAMILIES.items()
     for class_name, path in spec.calls
     for config_name in spec.configs
@@ -195,6 +186,41 @@ def test_standin_refuses_an_untraced_tensor_passed_to_a_submodule() -> None:
         ftpipe_standin.trace(model, {"x": torch.randn(4, 3)})
     assert isinstance(model.leaf, nn.Linear), "model not restored after a failed trace"
     assert operator.is_.__module__ == "_operator"
+
+
+def test_standin_discards_in_place_calls_whose_result_is_unused() -> None:
+    class Fills(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            mask = torch.full((2, 2), float("-inf"))
+            mask.masked_fill_(torch.eye(2, dtype=torch.bool), 0)  # FTPipe discards it: nothing uses its result
+            x += 1  # an in-place operator rebinds x: kept
+            return x + mask
+
+    x = torch.zeros(2, 2)
+    graph = ftpipe_standin.trace(Fills(), {"x": x})
+    assert [getattr(graph.nodes[i].target, "__name__", "") for i in sorted(graph.dropped)] == [
+        "eye", ".masked_fill_"]  # the fill, and what only it used
+    assert torch.equal(graph.run(x=x), torch.full((2, 2), float("-inf")))  # the mask as it was before the fill
+
+
+def test_standin_wraps_dtypes_and_a_running_modules_own_parameters() -> None:
+    class ReadsDtypes(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.seen = [stateless.finfo(x.dtype).min, stateless.finfo_value(x.dtype, "max")]
+            with pytest.raises(TypeError, match="floating point input type"):
+                torch.finfo(x.dtype)
+            with pytest.raises(NotImplementedError, match="tracing Parameter::__hash__ is currently not supported"):
+                next(self.parameters())
+            return x * self.weight
+
+    model, x = ReadsDtypes(), torch.ones(2)
+    graph = ftpipe_standin.trace(model, {"x": x})
+    assert model.seen == [torch.finfo(torch.float32).min, torch.finfo(torch.float32).max]
+    assert torch.equal(graph.run(x=x), x) and next(model.parameters()) is model.weight  # restored
 
 
 def test_standin_records_branches_on_data_as_baked() -> None:

@@ -14,6 +14,7 @@ from transforms.fp16_clamp import Fp16Clamp
 from transforms.hoist_modules import HoistModules
 from transforms.item_assignment import ItemAssignment
 from transforms.layer_drop import LayerDropLoop
+from transforms.module_dtype import ModuleDtype
 from transforms.leaf_calls import LeafCalls
 from transforms.none_checks import NoneChecks
 from transforms.optional_imports import OptionalImports
@@ -53,6 +54,7 @@ REGISTRY: dict[str, type[Transform]] = {
     "out_of_place": OutOfPlace,
     "fp16_clamp": Fp16Clamp,
     "finfo_values": FinfoValues,
+    "module_dtype": ModuleDtype,
     "layer_drop": LayerDropLoop,
     "torch_assert": TorchAssert,
     "buffer_slices": BufferSlices,
