@@ -124,9 +124,12 @@ def test_ftpipe_trace_runs_like_eager(family: str, class_name: str, path: str, c
         holders = [i for i, node in enumerate(graph.nodes) if node.kind == "parameter" and node.target is weight]
         layers = [m for m in model.modules() if getattr(m, "takes_shared_weight", False)]
         assert len(holders) == 1
-        # each layer consumes it, once per call (GPT-2 embeds token types with the shared embedding too)
+        # each layer consumes it, once per call (GPT-2 embeds token types with the shared embedding too); a
+        # model holding it reads its dtype too (stateless.module_dtype), nothing else
         consumers = graph.consumers(holders[0])
-        assert {id(node.target) for node in consumers} == {id(layer) for layer in layers} and len(layers) >= 1
+        users = [node for node in consumers if node.kind == "module"]
+        assert {id(node.target) for node in users} == {id(layer) for layer in layers} and len(layers) >= 1
+        assert all(node.target is getattr and node.args[1:] == ("dtype",) for node in consumers if node not in users)
 
 
 # -- the stand-in itself: the semantics the cases above rely on ------------------------------------------------
