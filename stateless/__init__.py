@@ -2,11 +2,11 @@
 
 from stateless.checks import is_None, is_not_None
 from stateless.dropout import FunctionalDropout
-from stateless.dtypes import finfo_value
+from stateless.dtypes import finfo, finfo_value, module_dtype
 from stateless.fp16 import clamp_inf_fp16
 from stateless.layerdrop import LayerDrop, unless_dropped
 from stateless.layers import StatelessEmbedding, StatelessLinear
-from stateless.leaves import finfo, setitem
+from stateless.leaves import setitem
 from stateless.masks import create_bidirectional_mask, create_causal_mask
 from stateless.sharing import (
     call_shared,
@@ -33,6 +33,7 @@ __all__ = [
     "is_stateless",
     "make_stateful",
     "make_stateless",
+    "module_dtype",
     "setitem",
     "shared_weight",
     "stateful_state_dict",

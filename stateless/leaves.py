@@ -8,17 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-
-def finfo(dtype: torch.dtype) -> torch.finfo:
-    """``torch.finfo(dtype)``; generated modules register it with ``torch.fx.wrap``.
-
-    Under symbolic tracing a tensor's dtype is a Proxy, which ``torch.finfo``
-    rejects; as a leaf, the call is recorded and made when the graph runs.
-    """
-    return torch.finfo(dtype)
-
 
 def setitem(target: Any, index: Any, value: Any) -> Any:
     """``target[index] = value``, then ``target``; generated modules register it with ``torch.fx.wrap``.

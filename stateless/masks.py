@@ -52,7 +52,7 @@ import torch.fx
 from torch.nn.attention.flex_attention import BlockMask
 
 from stateless.checks import is_None, is_not_None
-from stateless.leaves import finfo
+from stateless.dtypes import finfo
 
 torch.fx.wrap("finfo")
 

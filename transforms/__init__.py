@@ -15,8 +15,10 @@ from transforms.item_assignment import ItemAssignment
 from transforms.layer_drop import LayerDropLoop
 from transforms.leaf_calls import LeafCalls
 from transforms.library.base import Transform
+from transforms.module_dtype import ModuleDtype
 from transforms.none_checks import NoneChecks
 from transforms.optional_imports import OptionalImports
+from transforms.out_of_place import OutOfPlace
 from transforms.override_inherited import OverrideInherited
 from transforms.prune_classes import PruneClasses
 from transforms.remove_classes import RemoveClasses
@@ -49,8 +51,10 @@ REGISTRY: dict[str, type[Transform]] = {
     "dtype_branch_leaf": DtypeBranchLeaf,
     "leaf_calls": LeafCalls,
     "item_assignment": ItemAssignment,
+    "out_of_place": OutOfPlace,
     "fp16_clamp": Fp16Clamp,
     "finfo_values": FinfoValues,
+    "module_dtype": ModuleDtype,
     "layer_drop": LayerDropLoop,
     "torch_assert": TorchAssert,
     "buffer_slices": BufferSlices,

@@ -85,17 +85,8 @@ FAMILIES = {
     "roberta": _generic(ROBERTA, ("2layer-relative-key-query", "2layer-untied-relu"), tuple(ROBERTA.cases())),
 }
 
-# KNOWN GAP: a base class in stateless form owns the shared weight itself, and its forward reads
-# ``self.dtype`` (ModuleUtilsMixin: the first of ``self.parameters()``); the tracer wraps a non-leaf module's own
-# parameters and a wrapper is unhashable, so ``parameters()`` fails.  The heads keep the weight above the base
-# model and trace.  Strict: a fix makes these cases fail until the mark is removed.
-_OWN_WEIGHT_READS_DTYPE = pytest.mark.xfail(raises=TypeError, strict=True,
-                                            reason="self.dtype over the tracer's wrapped own parameters")
-_BASE_CLASSES = {"GPT2Model", "BertModel", "RobertaModel"}
-
 CASES = [
-    pytest.param(family, class_name, path, config_name, form, id=f"{family}-{class_name}-{path}-{config_name}-{form}",
-                 marks=[_OWN_WEIGHT_READS_DTYPE] if form == "stateless" and class_name in _BASE_CLASSES else [])
+    pytest.param(family, class_name, path, config_name, form, id=f"{family}-{class_name}-{path}-{config_name}-{form}")
     for family, spec in FAMILIES.items()
     for class_name, path in spec.calls
     for config_name in spec.configs
@@ -132,9 +123,12 @@ def test_ftpipe_trace_runs_like_eager(family: str, class_name: str, path: str, c
         holders = [i for i, node in enumerate(graph.nodes) if node.kind == "parameter" and node.target is weight]
         layers = [m for m in model.modules() if getattr(m, "takes_shared_weight", False)]
         assert len(holders) == 1
-        # each layer consumes it, once per call (GPT-2 embeds token types with the shared embedding too)
+        # each layer consumes it, once per call (GPT-2 embeds token types with the shared embedding too); a
+        # model holding it reads its dtype too (stateless.module_dtype), nothing else
         consumers = graph.consumers(holders[0])
-        assert {id(node.target) for node in consumers} == {id(layer) for layer in layers} and len(layers) >= 1
+        users = [node for node in consumers if node.kind == "module"]
+        assert {id(node.target) for node in users} == {id(layer) for layer in layers} and len(layers) >= 1
+        assert all(node.target is getattr and node.args[1:] == ("dtype",) for node in consumers if node not in users)
 
 
 # -- the stand-in itself: the semantics the cases above rely on ------------------------------------------------
@@ -194,6 +188,41 @@ def test_standin_refuses_an_untraced_tensor_passed_to_a_submodule() -> None:
         ftpipe_standin.trace(model, {"x": torch.randn(4, 3)})
     assert isinstance(model.leaf, nn.Linear), "model not restored after a failed trace"
     assert operator.is_.__module__ == "_operator"
+
+
+def test_standin_discards_in_place_calls_whose_result_is_unused() -> None:
+    class Fills(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            mask = torch.full((2, 2), float("-inf"))
+            mask.masked_fill_(torch.eye(2, dtype=torch.bool), 0)  # FTPipe discards it: nothing uses its result
+            x += 1  # an in-place operator rebinds x: kept
+            return x + mask
+
+    x = torch.zeros(2, 2)
+    graph = ftpipe_standin.trace(Fills(), {"x": x})
+    assert [getattr(graph.nodes[i].target, "__name__", "") for i in sorted(graph.dropped)] == [
+        "eye", ".masked_fill_"]  # the fill, and what only it used
+    assert torch.equal(graph.run(x=x), torch.full((2, 2), float("-inf")))  # the mask as it was before the fill
+
+
+def test_standin_wraps_dtypes_and_a_running_modules_own_parameters() -> None:
+    class ReadsDtypes(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.seen = [stateless.finfo(x.dtype).min, stateless.finfo_value(x.dtype, "max")]
+            with pytest.raises(TypeError, match="floating point input type"):
+                torch.finfo(x.dtype)
+            with pytest.raises(NotImplementedError, match="tracing Parameter::__hash__ is currently not supported"):
+                next(self.parameters())
+            return x * self.weight
+
+    model, x = ReadsDtypes(), torch.ones(2)
+    graph = ftpipe_standin.trace(model, {"x": x})
+    assert model.seen == [torch.finfo(torch.float32).min, torch.finfo(torch.float32).max]
+    assert torch.equal(graph.run(x=x), x) and next(model.parameters()) is model.weight  # restored
 
 
 def test_standin_records_branches_on_data_as_baked() -> None:

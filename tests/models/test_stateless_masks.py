@@ -25,7 +25,7 @@ from torch.nn.attention.flex_attention import BlockMask
 
 import stateless
 from stateless import create_bidirectional_mask, create_causal_mask
-from stateless.leaves import finfo
+from stateless.dtypes import finfo
 
 RELEASE = "5.23.0"
 WORKER = SUPPORT / "masks_hf_worker.py"

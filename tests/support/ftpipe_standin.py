@@ -12,8 +12,17 @@ re-implementation of the semantics generated code meets there, and nothing else:
   functions (``__torch_function__``), attribute reads, method calls, the
   arithmetic, comparison and item operators.  ``bool()`` and ``len()`` return
   the real answer and are *not* recorded: the branch taken is baked into the
-  graph (listed in :attr:`Graph.baked`).  A wrapper has no ``__iter__``,
-  ``__index__``, ``__hash__`` or ``__contains__``.
+  graph (listed in :attr:`Graph.baked`).  A wrapper has no ``__iter__`` or
+  ``__index__``; hashing it or ``in`` on it raises ``NotImplementedError``, so
+  a module whose own parameters are wrapped cannot walk ``parameters()``
+  (a set of them), as ``ModuleUtilsMixin.dtype`` does.  A dtype read off a
+  wrapped tensor is wrapped too: ``torch.finfo`` refuses it.
+* **Unused results are discarded.**  The recorded program keeps only what the
+  output depends on (FTPipe's ``discard_unused_nodes``), plus the in-place
+  operators (``x += y``) applied to it.  An in-place method whose result is
+  unused (``mask.masked_fill_(m, 0)`` as a statement) or an item assignment
+  ran while tracing but is not in the program: later reads of ``mask`` read
+  the value before it (listed in :attr:`Graph.dropped`).
 * **Every submodule is wrapped** in a layer object that replaces it in its
   parent and forwards attribute lookups to it (``isinstance`` sees the
   wrapper).  A leaf module (no children, or one of ``basic_blocks``) is one
@@ -87,6 +96,7 @@ class Graph:
     nodes: list[Node] = field(default_factory=list)
     output: Any = None  # a Ref, or a container of Refs and constants
     baked: list[str] = field(default_factory=list)  # "scope: bool(...)" / "len(...)" evaluated at trace time
+    dropped: set[int] = field(default_factory=set)  # nodes the program does not run: the output does not use them
 
     def consumers(self, index: int) -> list[Node]:
         return [node for node in self.nodes if Ref(index) in _refs_in((node.args, node.kwargs))]
@@ -94,8 +104,10 @@ class Graph:
     def run(self, **inputs: Any) -> Any:
         """Execute the recorded program on ``inputs`` (same names as the traced call)."""
         values: list[Any] = []
-        for node in self.nodes:
-            if node.kind == "input":
+        for index, node in enumerate(self.nodes):
+            if index in self.dropped:
+                values.append(None)
+            elif node.kind == "input":
                 values.append(inputs[node.target])
             elif node.kind in ("constant", "parameter"):
                 values.append(node.target)
@@ -268,10 +280,41 @@ class Traced:
     def __setitem__(self, key: Any, value: Any) -> None:
         self._standin_tracer.call(operator.setitem, (self, key, value))
 
-    __hash__ = None  # FTPipe: "tracing ...::__hash__ is currently not supported"
+    def __hash__(self) -> int:
+        raise NotImplementedError(f"tracing {type(self._standin_value).__name__}::__hash__ is currently not supported")
+
+    def __contains__(self, item: Any) -> bool:
+        raise NotImplementedError(f"tracing {type(self._standin_value).__name__}::__contains__ is currently not "
+                                  "supported")
 
     def __repr__(self) -> str:
         return f"Traced#{self._standin_index}({self._standin_value!r})"
+
+
+# FTPipe keeps a consumer of a kept node only if its scope names an in-place operator ("__i" in
+# "/Tensor::__iadd__"; "__invert__" matches too).
+_KEPT_CONSUMERS = frozenset(getattr(operator, name) for name in (
+    "iadd", "isub", "imul", "imatmul", "itruediv", "ifloordiv", "imod", "ipow", "ilshift", "irshift", "iand",
+    "ixor", "ior", "invert"))
+
+
+def _discarded(graph: Graph) -> set[int]:
+    """The nodes FTPipe's ``discard_unused_nodes`` removes: all but what the output is computed from."""
+    consumers: dict[int, list[int]] = {}
+    for index, node in enumerate(graph.nodes):
+        for ref in _refs_in((node.args, node.kwargs)):
+            consumers.setdefault(ref.index, []).append(index)
+    kept: set[int] = set()
+    todo = [ref.index for ref in _refs_in(graph.output)]
+    while todo:
+        index = todo.pop()
+        if index in kept:
+            continue
+        kept.add(index)
+        node = graph.nodes[index]
+        todo += [ref.index for ref in _refs_in((node.args, node.kwargs))]
+        todo += [user for user in consumers.get(index, ()) if graph.nodes[user].target in _KEPT_CONSUMERS]
+    return set(range(len(graph.nodes))) - kept
 
 
 def _first_tracer(obj: Any) -> _Tracer:
@@ -307,10 +350,10 @@ class Layer(nn.Module):
             return getattr(self._module, name)
 
     def __getitem__(self, key: Any) -> Any:
-        return self._module[key]
+        return self._module[key]  # type: ignore[index]  # a ModuleList's item, as FTPipe's layer forwards it
 
     def __len__(self) -> int:
-        return len(self._module)
+        return len(self._module)  # type: ignore[arg-type]  # a ModuleList's length, as FTPipe's layer forwards it
 
     def forward(self, *args: Any, **kwargs: Any) -> Traced:
         tracer = self._standin_tracer
@@ -336,8 +379,8 @@ class Layer(nn.Module):
 
 def _run_non_leaf(tracer: _Tracer, module: nn.Module, args: tuple, kwargs: dict) -> Traced:
     """Run ``module``'s Python forward with its own parameters and buffers wrapped too."""
-    own = [(store, name) for store in (module._parameters, module._buffers) for name, value in store.items()
-           if value is not None]
+    stores: tuple[dict[str, Any], ...] = (module._parameters, module._buffers)
+    own = [(store, name) for store in stores for name, value in store.items() if value is not None]
     originals = {(id(store), name): store[name] for store, name in own}
     for store, name in own:
         tracer.scope.append(f"{tracer.scope[-1]}.{name}")
@@ -398,6 +441,7 @@ def trace(model: nn.Module, kwargs: dict[str, Any], *, traced: Iterable[tuple[An
         with torch.no_grad():
             out = _run_non_leaf(tracer, model, (), inputs)
         tracer.graph.output = Ref(out._standin_index)
+        tracer.graph.dropped = _discarded(tracer.graph)
         return tracer.graph
     finally:
         for namespace, name, original in saved:

@@ -2,7 +2,7 @@
 # source: transformers 4.5.1, transformers/models/gpt2/modeling_gpt2.py
 # sha256: 7c28c071d8de7adfc5fe40643438752645e0438a29adf5fe46a72571b9f29748
 # support: transformers/modeling_utils.py sha256 657c24023a1f869c7b76d1d805577ac9d531eb05baa6ab15f8f446a786434348
-# transforms: absolute_imports, remove_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, hoist_modules, size_varargs, buffer_slices, sym_numbers, torch_assert, none_checks
+# transforms: absolute_imports, remove_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, hoist_modules, size_varargs, buffer_slices, sym_numbers, torch_assert, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, layer_past=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; getattr(self.config, "gradient_checkpointing", False) -> False
 # regenerate: convert-model gpt2 --version 4.5.1

@@ -2,7 +2,7 @@
 # source: transformers 4.5.1, transformers/models/gpt2/modeling_gpt2.py
 # sha256: 7c28c071d8de7adfc5fe40643438752645e0438a29adf5fe46a72571b9f29748
 # support: transformers/modeling_utils.py sha256 657c24023a1f869c7b76d1d805577ac9d531eb05baa6ab15f8f446a786434348
-# transforms: absolute_imports, remove_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, hoist_modules, size_varargs, buffer_slices, sym_numbers, torch_assert, none_checks
+# transforms: absolute_imports, remove_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, hoist_modules, size_varargs, buffer_slices, sym_numbers, torch_assert, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, layer_past=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; getattr(self.config, "gradient_checkpointing", False) -> False
 # regenerate: convert-model gpt2 --version 4.5.1
@@ -49,7 +49,7 @@ from transformers.utils import logging
 from transformers.utils.model_parallel_utils import assert_device_map, get_device_map
 from transformers.models.gpt2.configuration_gpt2 import GPT2Config
 import stateless
-from stateless import is_None, is_not_None
+from stateless import is_None, is_not_None, module_dtype
 from torch import Tensor
 
 
@@ -378,15 +378,15 @@ class GPT2PreTrainedModel(PreTrainedModel):
         # /transformer/transformer_layers.py#L270
         # encoder_extended_attention_mask = (encoder_extended_attention_mask ==
         # encoder_extended_attention_mask.transpose(-1, -2))
-        encoder_extended_attention_mask = encoder_extended_attention_mask.to(dtype=self.dtype)  # fp16 compatibility
+        encoder_extended_attention_mask = encoder_extended_attention_mask.to(dtype=module_dtype(self))  # fp16 compatibility
 
-        if self.dtype == torch.float16:
+        if module_dtype(self) == torch.float16:
             encoder_extended_attention_mask = (1.0 - encoder_extended_attention_mask) * -1e4
-        elif self.dtype == torch.float32:
+        elif module_dtype(self) == torch.float32:
             encoder_extended_attention_mask = (1.0 - encoder_extended_attention_mask) * -1e9
         else:
             raise ValueError(
-                f"{self.dtype} not recognized. `dtype` should be set to either `torch.float32` or `torch.float16`"
+                f"{module_dtype(self)} not recognized. `dtype` should be set to either `torch.float32` or `torch.float16`"
             )
 
         return encoder_extended_attention_mask
@@ -645,7 +645,7 @@ class GPT2Model(GPT2PreTrainedModel):
             # positions we want to attend and -10000.0 for masked positions.
             # Since we are adding it to the raw scores before the softmax, this is
             # effectively the same as removing these entirely.
-            attention_mask = attention_mask.to(dtype=self.dtype)  # fp16 compatibility
+            attention_mask = attention_mask.to(dtype=module_dtype(self))  # fp16 compatibility
             attention_mask = (1.0 - attention_mask) * -10000.0
 
         # If a 2D ou 3D attention mask is provided for the cross-attention

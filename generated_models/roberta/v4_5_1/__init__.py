@@ -2,7 +2,7 @@
 # source: transformers 4.5.1, transformers/models/roberta/modeling_roberta.py
 # sha256: 2da6dc9568734fbbea61e29e82de7e665a9c2beb1f001d9d037bc56454e5da78
 # support: transformers/modeling_utils.py sha256 657c24023a1f869c7b76d1d805577ac9d531eb05baa6ab15f8f446a786434348
-# transforms: absolute_imports, remove_classes, override_inherited, single_output, specialize_arguments, specialize_arguments, shared_weight, hoist_modules, size_varargs, chunked_forward, none_checks
+# transforms: absolute_imports, remove_classes, override_inherited, single_output, specialize_arguments, specialize_arguments, shared_weight, hoist_modules, size_varargs, chunked_forward, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, past_key_value=None, past_key_values_length=0, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: attention_mask.dim() -> 2; encoder_attention_mask.dim() -> 2; causal_mask.shape[1] < attention_mask.shape[1] -> False; getattr(self.config, "gradient_checkpointing", False) -> False
 # specialized arguments: encoder_hidden_states=None, encoder_attention_mask=None

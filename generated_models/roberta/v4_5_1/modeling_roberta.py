@@ -2,7 +2,7 @@
 # source: transformers 4.5.1, transformers/models/roberta/modeling_roberta.py
 # sha256: 2da6dc9568734fbbea61e29e82de7e665a9c2beb1f001d9d037bc56454e5da78
 # support: transformers/modeling_utils.py sha256 657c24023a1f869c7b76d1d805577ac9d531eb05baa6ab15f8f446a786434348
-# transforms: absolute_imports, remove_classes, override_inherited, single_output, specialize_arguments, specialize_arguments, shared_weight, hoist_modules, size_varargs, chunked_forward, none_checks
+# transforms: absolute_imports, remove_classes, override_inherited, single_output, specialize_arguments, specialize_arguments, shared_weight, hoist_modules, size_varargs, chunked_forward, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, past_key_value=None, past_key_values_length=0, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: attention_mask.dim() -> 2; encoder_attention_mask.dim() -> 2; causal_mask.shape[1] < attention_mask.shape[1] -> False; getattr(self.config, "gradient_checkpointing", False) -> False
 # specialized arguments: encoder_hidden_states=None, encoder_attention_mask=None
@@ -50,7 +50,7 @@ from transformers.modeling_utils import (
 from transformers.utils import logging
 from transformers.models.roberta.configuration_roberta import RobertaConfig
 import stateless
-from stateless import is_None, is_not_None
+from stateless import is_None, is_not_None, module_dtype
 from torch import Tensor, device
 from typing import Tuple
 
@@ -530,7 +530,7 @@ class RobertaPreTrainedModel(PreTrainedModel):
         # positions we want to attend and -10000.0 for masked positions.
         # Since we are adding it to the raw scores before the softmax, this is
         # effectively the same as removing these entirely.
-        extended_attention_mask = extended_attention_mask.to(dtype=self.dtype)  # fp16 compatibility
+        extended_attention_mask = extended_attention_mask.to(dtype=module_dtype(self))  # fp16 compatibility
         extended_attention_mask = (1.0 - extended_attention_mask) * -10000.0
         return extended_attention_mask
 
@@ -552,15 +552,15 @@ class RobertaPreTrainedModel(PreTrainedModel):
         # /transformer/transformer_layers.py#L270
         # encoder_extended_attention_mask = (encoder_extended_attention_mask ==
         # encoder_extended_attention_mask.transpose(-1, -2))
-        encoder_extended_attention_mask = encoder_extended_attention_mask.to(dtype=self.dtype)  # fp16 compatibility
+        encoder_extended_attention_mask = encoder_extended_attention_mask.to(dtype=module_dtype(self))  # fp16 compatibility
 
-        if self.dtype == torch.float16:
+        if module_dtype(self) == torch.float16:
             encoder_extended_attention_mask = (1.0 - encoder_extended_attention_mask) * -1e4
-        elif self.dtype == torch.float32:
+        elif module_dtype(self) == torch.float32:
             encoder_extended_attention_mask = (1.0 - encoder_extended_attention_mask) * -1e9
         else:
             raise ValueError(
-                f"{self.dtype} not recognized. `dtype` should be set to either `torch.float32` or `torch.float16`"
+                f"{module_dtype(self)} not recognized. `dtype` should be set to either `torch.float32` or `torch.float16`"
             )
 
         return encoder_extended_attention_mask

@@ -2,7 +2,7 @@
 # source: transformers 4.10.3, transformers/models/t5/modeling_t5.py
 # sha256: 685274ab4efedb4974f9d80a0ce10c60be637644df2528029cea34ca0df9d41b
 # support: transformers/modeling_utils.py sha256 c9127f46201a12c889b93dcd1f5a8f8316a2cd79228b52b787a2dc29ed7d262a
-# transforms: absolute_imports, override_inherited, single_output, specialize_arguments, shared_weight, dropout_module, hoist_modules, size_varargs, shift_right, dtype_branch_leaf, fp16_clamp, none_checks
+# transforms: absolute_imports, override_inherited, single_output, specialize_arguments, shared_weight, dropout_module, hoist_modules, size_varargs, shift_right, out_of_place, dtype_branch_leaf, fp16_clamp, none_checks
 # specialized arguments: head_mask=None, decoder_head_mask=None, cross_attn_head_mask=None, cross_attn_layer_head_mask=None, layer_head_mask=None, past_key_value=None, past_key_values=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: attention_mask.dim() -> 2; encoder_attention_mask.dim() -> 2; causal_mask.shape[1] < attention_mask.shape[1] -> False
 # specialized: self.gradient_checkpointing -> False (gradient checkpointing specialized off: pipelines recompute per stage)
@@ -729,7 +729,7 @@ class T5PreTrainedModel(PreTrainedModel):
 
         assert is_not_None(pad_token_id), "self.model.config.pad_token_id has to be defined."
         # replace possible -100 values in labels by `pad_token_id`
-        shifted_input_ids.masked_fill_(shifted_input_ids == -100, pad_token_id)
+        shifted_input_ids = shifted_input_ids.masked_fill(shifted_input_ids == -100, pad_token_id)
 
         torch._assert_async(torch.all(shifted_input_ids >= 0), "Verify that `shifted_input_ids` has only positive values")
 

@@ -2,7 +2,7 @@
 # source: transformers 4.15.0, transformers/models/t5/modeling_t5.py
 # sha256: 721c5b3d9995b408878db261a681095aa3ee806f5d13ca57fd8e65bcf3b17857
 # support: transformers/modeling_utils.py sha256 097f26e746f25f8cbce26762e164abcdc8afbba7b18493a0705390b4fe3d83ee
-# transforms: absolute_imports, override_inherited, single_output, specialize_arguments, shared_weight, dropout_module, hoist_modules, size_varargs, shift_right, dtype_branch_leaf, fp16_clamp, none_checks
+# transforms: absolute_imports, override_inherited, single_output, specialize_arguments, shared_weight, dropout_module, hoist_modules, size_varargs, shift_right, out_of_place, dtype_branch_leaf, fp16_clamp, none_checks
 # specialized arguments: head_mask=None, decoder_head_mask=None, cross_attn_head_mask=None, cross_attn_layer_head_mask=None, layer_head_mask=None, past_key_value=None, past_key_values=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: attention_mask.dim() -> 2; encoder_attention_mask.dim() -> 2; causal_mask.shape[1] < attention_mask.shape[1] -> False
 # specialized: self.gradient_checkpointing -> False (gradient checkpointing specialized off: pipelines recompute per stage)

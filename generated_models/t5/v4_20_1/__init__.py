@@ -2,7 +2,7 @@
 # source: transformers 4.20.1, transformers/models/t5/modeling_t5.py
 # sha256: 8b7d08b2c9b97f25383d752d372b4a558977322eb2af6dbca2b19eeef3908d5b
 # support: transformers/modeling_utils.py sha256 8097d12ede5024ae0923a28b9458992f7685a9d48c4aa0fcc05a645d3cbc9ef9
-# transforms: absolute_imports, optional_imports, override_inherited, single_output, specialize_arguments, shared_weight, dropout_module, hoist_modules, size_varargs, shift_right, dtype_branch_leaf, fp16_clamp, none_checks
+# transforms: absolute_imports, optional_imports, override_inherited, single_output, specialize_arguments, shared_weight, dropout_module, hoist_modules, size_varargs, shift_right, out_of_place, dtype_branch_leaf, fp16_clamp, none_checks
 # specialized arguments: head_mask=None, decoder_head_mask=None, cross_attn_head_mask=None, cross_attn_layer_head_mask=None, layer_head_mask=None, past_key_value=None, past_key_values=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: attention_mask.dim() -> 2; encoder_attention_mask.dim() -> 2; causal_mask.shape[1] < attention_mask.shape[1] -> False
 # specialized: self.gradient_checkpointing -> False (gradient checkpointing specialized off: pipelines recompute per stage)

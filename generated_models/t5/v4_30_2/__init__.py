@@ -2,7 +2,7 @@
 # source: transformers 4.30.2, transformers/models/t5/modeling_t5.py
 # sha256: 24f1561e578366b4fcba19f67dc9ab1deb6bc558b34a18aabe109216a842a08f
 # support: transformers/modeling_utils.py sha256 0431850b4ac6f57c0694c8ddee54c1f84e13b1f8ad9d09fb0747e677be222640
-# transforms: absolute_imports, optional_imports, override_inherited, single_output, specialize_arguments, shared_weight, dropout_module, hoist_modules, size_varargs, shift_right, dtype_branch_leaf, none_checks
+# transforms: absolute_imports, optional_imports, override_inherited, single_output, specialize_arguments, shared_weight, dropout_module, hoist_modules, size_varargs, shift_right, out_of_place, dtype_branch_leaf, none_checks
 # specialized arguments: head_mask=None, decoder_head_mask=None, cross_attn_head_mask=None, cross_attn_layer_head_mask=None, layer_head_mask=None, past_key_value=None, past_key_values=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: attention_mask.dim() -> 2; encoder_attention_mask.dim() -> 2; causal_mask.shape[1] < attention_mask.shape[1] -> False
 # specialized: self.gradient_checkpointing -> False (gradient checkpointing specialized off: pipelines recompute per stage)

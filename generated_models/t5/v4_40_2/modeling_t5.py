@@ -2,7 +2,7 @@
 # source: transformers 4.40.2, transformers/models/t5/modeling_t5.py
 # sha256: 840dcd24dd86a32daa5d763b470d1f3a2c9866cce10d2b205df67b4733cdc326
 # support: transformers/modeling_utils.py sha256 ba9b0e22a0558601e65691dfb1020be3dd902f875bc207231d498be88052c651
-# transforms: absolute_imports, prune_classes, optional_imports, override_inherited, single_output, specialize_arguments, shared_weight, dropout_module, hoist_modules, size_varargs, shift_right, dtype_branch_leaf, none_checks
+# transforms: absolute_imports, prune_classes, optional_imports, override_inherited, single_output, specialize_arguments, shared_weight, dropout_module, hoist_modules, size_varargs, shift_right, out_of_place, dtype_branch_leaf, none_checks
 # specialized arguments: head_mask=None, decoder_head_mask=None, cross_attn_head_mask=None, cross_attn_layer_head_mask=None, layer_head_mask=None, past_key_value=None, past_key_values=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: attention_mask.dim() -> 2; encoder_attention_mask.dim() -> 2; causal_mask.shape[1] < attention_mask.shape[1] -> False
 # specialized: self.gradient_checkpointing -> False (gradient checkpointing specialized off: pipelines recompute per stage)
@@ -802,7 +802,7 @@ class T5PreTrainedModel(PreTrainedModel):
         if is_None(pad_token_id):
             raise ValueError("self.model.config.pad_token_id has to be defined.")
         # replace possible -100 values in labels by `pad_token_id`
-        shifted_input_ids.masked_fill_(shifted_input_ids == -100, pad_token_id)
+        shifted_input_ids = shifted_input_ids.masked_fill(shifted_input_ids == -100, pad_token_id)
 
         return shifted_input_ids
 

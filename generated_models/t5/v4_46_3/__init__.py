@@ -2,7 +2,7 @@
 # source: transformers 4.46.3, transformers/models/t5/modeling_t5.py
 # sha256: b98cefd7c49fbef729748e27213f3e6f573f9ddc026250d7c885bee93e349de0
 # support: transformers/modeling_utils.py sha256 118bd75838e78b19a55accddcf0a913386d822e812c215d50da99c3d0e91d3da
-# transforms: absolute_imports, prune_classes, optional_imports, override_inherited, single_output, specialize_arguments, shared_weight, dropout_module, hoist_modules, size_varargs, shift_right, dtype_branch_leaf, leaf_calls, item_assignment, none_checks
+# transforms: absolute_imports, prune_classes, optional_imports, override_inherited, single_output, specialize_arguments, shared_weight, dropout_module, hoist_modules, size_varargs, shift_right, out_of_place, dtype_branch_leaf, leaf_calls, item_assignment, none_checks
 # specialized arguments: head_mask=None, decoder_head_mask=None, cross_attn_head_mask=None, cross_attn_layer_head_mask=None, layer_head_mask=None, past_key_value=None, past_key_values=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: attention_mask.dim() -> 2; encoder_attention_mask.dim() -> 2; causal_mask.shape[1] < attention_mask.shape[1] -> False
 # specialized: self.gradient_checkpointing -> False (gradient checkpointing specialized off: pipelines recompute per stage)

@@ -2,7 +2,7 @@
 # source: transformers 4.5.1, transformers/models/t5/modeling_t5.py
 # sha256: ea7cf4935101e821786a3de75072a9c87b9d3ad864596214a0f8d5ff89940200
 # support: transformers/modeling_utils.py sha256 657c24023a1f869c7b76d1d805577ac9d531eb05baa6ab15f8f446a786434348
-# transforms: absolute_imports, override_inherited, single_output, specialize_arguments, shared_weight, dropout_module, hoist_modules, size_varargs, shift_right, dtype_branch_leaf, fp16_clamp, none_checks
+# transforms: absolute_imports, override_inherited, single_output, specialize_arguments, shared_weight, dropout_module, hoist_modules, size_varargs, shift_right, out_of_place, dtype_branch_leaf, fp16_clamp, none_checks
 # specialized arguments: head_mask=None, decoder_head_mask=None, encoder_head_mask=None, encoder_layer_head_mask=None, layer_head_mask=None, past_key_value=None, past_key_values=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: attention_mask.dim() -> 2; encoder_attention_mask.dim() -> 2; causal_mask.shape[1] < attention_mask.shape[1] -> False
 # specialized: self.model_parallel -> False (HF's parallelize() specialized off: pipelines place the stages)
@@ -719,7 +719,7 @@ class T5PreTrainedModel(PreTrainedModel):
 
         assert is_not_None(pad_token_id), "self.model.config.pad_token_id has to be defined."
         # replace possible -100 values in labels by `pad_token_id`
-        shifted_input_ids.masked_fill_(shifted_input_ids == -100, pad_token_id)
+        shifted_input_ids = shifted_input_ids.masked_fill(shifted_input_ids == -100, pad_token_id)
 
         torch._assert_async(torch.all(shifted_input_ids >= 0), "Verify that `shifted_input_ids` has only positive values")
 
