@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import ftpipe_standin
 import torch
+from support import ftpipe_standin
 from support.transform_helpers import assert_rewrites, assert_unchanged
 from torch import nn
 
