@@ -24,8 +24,8 @@ as the recipe gives it, in :attr:`FamilyDefinition.sections`, for the target
 to read.  Shared weights are not restated here: :func:`parse_definition` reads
 them off the recipe's own ``shared_weight`` step.  Every key is checked at
 load (:mod:`families.sections` is the schema): a misspelled or mistyped one is
-a one-line :class:`UserError` naming the file and the key.  Stdlib only, like
-the rest of the converter.
+a one-line :class:`UserError` naming the file and the key.  It imports no
+torch: the converter reads it before any model code is loaded.
 """
 
 from __future__ import annotations
