@@ -39,6 +39,7 @@ class Request:
     eps: float
     warmup_steps: int
     decay: str
+    decay_steps: int | None
     clip_grad: float | None
     micro_batches: int | None
     seed: int
@@ -82,7 +83,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--betas", type=_betas, default=(0.9, 0.999), help="B1,B2 (default 0.9,0.999)")
     parser.add_argument("--eps", type=positive_number, default=1e-8)
     parser.add_argument("--warmup-steps", type=count, default=0, help="linear warm-up from 0 (default 0)")
-    parser.add_argument("--decay", choices=DECAYS, default="linear", help="after warm-up, to 0 at --steps")
+    parser.add_argument("--decay", choices=DECAYS, default="linear", help="after warm-up, to 0 at --decay-steps")
+    parser.add_argument("--decay-steps", type=positive_int, help="the steps the schedule spans (default: --steps)")
     parser.add_argument("--clip-grad", type=positive_number, help="clip the global gradient norm to this")
     parser.add_argument("--micro-batches", type=positive_int, help="default: the plan's")
     parser.add_argument("--seed", type=int, default=0, help="the data order (and each rank's RNG)")

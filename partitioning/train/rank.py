@@ -37,7 +37,7 @@ def train(request: Request, device: torch.device) -> StageModel:
             if stage.rank == 0 else None)
     settings = OptimizerSettings(lr=request.lr, weight_decay=request.weight_decay, betas=request.betas,
                                  eps=request.eps, warmup=request.warmup_steps, decay=request.decay,
-                                 total=request.steps)
+                                 total=request.decay_steps or request.steps)
     optimizer, scheduler = make_optimizer(stage.parameters(), settings)
     names = list(stage.names.values())
     start = 0
