@@ -99,13 +99,17 @@ def _write(stage: StageModel, directory: Path, parts: list[Any], run_state: dict
     for tensors, _ in parts:
         for name, tensor in tensors.items():
             found.setdefault(name, tensor)
-    by_key: dict[str, torch.Tensor] = {}
+    aliases: dict[tuple[str, ...], list[str]] = {}  # one tensor's names (BERT's decoder bias is its head's bias)
     for name, keys in meta.keys.items():
-        if name not in found:  # in no stage (a parameter the forward never reads): as it was loaded
-            key = source_key(meta, name, source)
-            found[name] = source.load([key])[key] if key is not None else meta.buffers[name]
+        aliases.setdefault(keys, []).append(name)
+    by_key: dict[str, torch.Tensor] = {}
+    for keys, names in aliases.items():
+        tensor = next((found[name] for name in names if name in found), None)
+        if tensor is None:  # in no stage (a parameter the forward never reads): as it was loaded
+            key = source_key(meta, names[0], source)
+            tensor = source.load([key])[key] if key is not None else meta.buffers[names[0]]
         for key in keys:
-            by_key[key] = found[name]
+            by_key[key] = tensor
     state = {key: by_key[key] for key in meta.state_keys}
     first: dict[int, str] = {}
     for key, tensor in state.items():

@@ -76,6 +76,7 @@ class StageModel:
         self.run = PipelineRun(self.meta.model, plan, example, micro_batches=self.micro_batches,
                                schedule=self.schedule, device=self.device, materialize=self._materialize)
         self.module: nn.Module = self.run.module
+        self.loaded = list(checkpoint.loaded)  # the keys this rank read to build its stage
         self.rank, self.stages = self.run.rank, self.run.stages
         # stock name of each parameter this stage holds; tied copies count once, at their first holder
         self.names = {name: self.meta.stock_name(name.removeprefix(PREFIX))

@@ -50,7 +50,7 @@ def without_dropout(cfg: Any) -> Any:
     return cfg
 
 
-def stock_class(family: str) -> type:
+def stock_class(family: str) -> Any:
     return getattr(transformers, FAMILIES[family].model_family.definition.default_class)
 
 
