@@ -21,25 +21,30 @@ TRAIN = "partitioning.gpu.train"  # the module each rank runs; its errors start 
 
 def launch(plan: Path, stages: int, steps: int) -> None:
     """torchrun the plan's stages, streaming the steps the last stage prints; a failure is one line."""
+    run_ranks(TRAIN, ["--plan", str(plan), "--steps", str(steps)], stages)
+
+
+def run_ranks(module: str, arguments: list[str], ranks: int, prog: str | None = None) -> None:
+    """``torchrun -m module arguments`` on ``ranks`` local ranks; each rank's errors start with ``prog (rank``."""
     # torchrun keeps its logs (and the ranks their temporaries) in a directory it never removes: give it one of ours.
-    with tempfile.TemporaryDirectory(prefix="partition-model-run-") as scratch:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={stages}",
-                   "--log-dir", scratch, "-m", TRAIN, "--plan", str(plan), "--steps", str(steps)]
+    with tempfile.TemporaryDirectory(prefix="pipeline-run-") as scratch:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+                   "--log-dir", scratch, "-m", module, *arguments]
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TMPDIR": scratch}
-        _torchrun(command, env)
+        _torchrun(command, env, prog or module)
 
 
-def _torchrun(command: list[str], env: dict[str, str]) -> None:
+def _torchrun(command: list[str], env: dict[str, str], prog: str = TRAIN) -> None:
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                              start_new_session=True)
     tail: list[str] = []
-    reported: list[str] = []  # a rank's own one-line error says more than torchrun's summary after it
+    reported: list[str] = []  # a rank's own one-line error says more than torchrun's summary; the first is the cause
     try:
         assert child.stdout is not None
         for line in child.stdout:
             if line.startswith("step "):
                 print(line.rstrip(), flush=True)
-            if line.startswith(f"{TRAIN} (rank ") and ": error: " in line:
+            if line.startswith(f"{prog} (rank ") and ": error: " in line:
                 reported.append(line.rstrip())
             tail = (tail + [line.rstrip()])[-40:]
         child.wait()
@@ -50,7 +55,7 @@ def _torchrun(command: list[str], env: dict[str, str]) -> None:
             child.stdout.close()
     if child.returncode:
         raise UserError(f"the pipelined run failed (torchrun exit {child.returncode}): "
-                        f"{reported[-1] if reported else _failure(tail)}")
+                        f"{reported[0] if reported else _failure(tail)}")
 
 
 def _stop(child: subprocess.Popen[str]) -> None:

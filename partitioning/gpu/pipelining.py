@@ -27,7 +27,7 @@ plan and a generated model to it and covers what the engine does not do:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -83,10 +83,15 @@ class PipelineRun:
     ``tied_sum="allreduce"`` sums the copies' accumulated gradients with one
     all-reduce, as DeepSpeed does: no extra memory, equal up to the order of
     the float additions.
+
+    ``materialize`` receives this rank's stage module before the engine builds
+    its stage: a model traced on ``meta`` (``example`` on ``meta`` too) gets
+    its values there, and only this stage's (:mod:`partitioning.train.stage`).
     """
 
     def __init__(self, model: nn.Module, plan: Plan, example: dict[str, torch.Tensor], *, micro_batches: int,
-                 schedule: str, device: torch.device | None = None, tied_sum: str = "ordered") -> None:
+                 schedule: str, device: torch.device | None = None, tied_sum: str = "ordered",
+                 materialize: Callable[[nn.Module], None] | None = None) -> None:
         if not dist.is_initialized():
             raise UserError("torch.distributed is not initialized (launch with torchrun)")
         if schedule not in SCHEDULES:
@@ -117,6 +122,9 @@ class PipelineRun:
         sort_stage_inputs(pipe.split_gm)
         holding = holders([pipe.get_stage_module(i) for i in range(self.stages)])
         self.module = pipe.get_stage_module(self.rank)
+        self.others = [pipe.get_stage_module(i) for i in range(self.stages) if i != self.rank]
+        if materialize is not None:
+            materialize(self.module)
         contiguous_boundaries(self.module)
         self.stage = pipe.build_stage(self.rank, device)
         self.schedule = SCHEDULES[schedule](self.stage, micro_batches, loss_fn=model_loss)

@@ -1,0 +1,156 @@
+"""``train-model``: train a plan's stages from a stock checkpoint on a JSON Lines data file, one rank per stage.
+
+    train-model --plan plan.json --checkpoint my-t5/ --data train.jsonl --steps 1000 --save out/ \\
+        --lr 1e-4 --warmup-steps 100 --decay cosine --clip-grad 1.0 --save-every 200
+
+Everything that can be checked is checked here, before any rank starts: the
+plan, the checkpoint against it (family, class, sizes, every key and shape),
+every line of the data file, the save and resume directories.  Then torchrun
+starts one rank per stage (:mod:`partitioning.train.rank`); a rank's failure is
+one line naming the rank, the others are stopped, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.cli import Parser, count, nonempty_path, positive_int, positive_number, run
+from common.errors import UserError
+
+PROG = "train-model"
+RANK_MODULE = "partitioning.train.rank"
+
+
+@dataclass(frozen=True)
+class Request:
+    plan: Path
+    checkpoint: Path | None
+    data: Path
+    steps: int
+    save: Path | None
+    save_every: int | None
+    resume: Path | None
+    lr: float
+    weight_decay: float
+    betas: tuple[float, float]
+    eps: float
+    warmup_steps: int
+    decay: str
+    decay_steps: int | None
+    clip_grad: float | None
+    micro_batches: int | None
+    seed: int
+    log_every: int
+    verbose: bool = False
+
+
+def _betas(text: str) -> tuple[float, float]:
+    try:
+        first, second = (float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected two numbers B1,B2, got {text!r}") from None
+    if not (0 <= first < 1 and 0 <= second < 1):
+        raise argparse.ArgumentTypeError(f"betas must lie in [0, 1), got {text!r}")
+    return first, second
+
+
+def _nonnegative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (value >= 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    from partitioning.train.optim import DECAYS
+
+    parser = Parser(prog=PROG, description=__doc__.splitlines()[0])
+    parser.add_argument("--plan", type=nonempty_path, required=True, help="plan JSON written by partition-model")
+    parser.add_argument("--checkpoint", type=nonempty_path, help="HF model directory to start from")
+    parser.add_argument("--resume", type=nonempty_path, help="a directory --save wrote: continue that run")
+    parser.add_argument("--data", type=nonempty_path, required=True, help="JSON Lines, one example per line")
+    parser.add_argument("--steps", type=positive_int, required=True, help="train until this step (in all)")
+    parser.add_argument("--save", type=nonempty_path, help="write the checkpoint here (a HF model directory)")
+    parser.add_argument("--save-every", type=positive_int, help="also save every N steps (default: at the end)")
+    parser.add_argument("--lr", type=positive_number, default=5e-5, help="AdamW learning rate (default 5e-5)")
+    parser.add_argument("--weight-decay", type=_nonnegative, default=0.0)
+    parser.add_argument("--betas", type=_betas, default=(0.9, 0.999), help="B1,B2 (default 0.9,0.999)")
+    parser.add_argument("--eps", type=positive_number, default=1e-8)
+    parser.add_argument("--warmup-steps", type=count, default=0, help="linear warm-up from 0 (default 0)")
+    parser.add_argument("--decay", choices=DECAYS, default="linear", help="after warm-up, to 0 at --decay-steps")
+    parser.add_argument("--decay-steps", type=positive_int, help="the steps the schedule spans (default: --steps)")
+    parser.add_argument("--clip-grad", type=positive_number, help="clip the global gradient norm to this")
+    parser.add_argument("--micro-batches", type=positive_int, help="default: the plan's")
+    parser.add_argument("--seed", type=int, default=0, help="the data order (and each rank's RNG)")
+    parser.add_argument("--log-every", type=positive_int, default=1)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    return parser
+
+
+def parse(argv: list[str] | None) -> Request:
+    args = parser().parse_args(argv)
+    if (args.checkpoint is None) == (args.resume is None):
+        raise UserError("give --checkpoint DIR (start from a model) or --resume DIR (continue a run), one of them")
+    if args.save_every is not None and args.save is None:
+        raise UserError("--save-every needs --save DIR")
+    return Request(**vars(args))
+
+
+def execute(request: Request) -> int:
+    from partitioning.files import read_plan
+    from partitioning.gpu.launch import run_ranks
+    from partitioning.train.checkpoint import Checkpoint
+    from partitioning.train.data import read_dataset
+    from partitioning.train.model import build_meta, check_checkpoint
+    from partitioning.train.save import check_save_dir, read_state
+    from partitioning.train.stage import plan_model, settings_of
+
+    plan = read_plan(request.plan)
+    family, class_name, config, specs, micro_batch = plan_model(plan)
+    micro_batches, schedule = settings_of(plan, request.micro_batches)
+    stages = len(plan.stages)
+    if schedule == "1f1b" and micro_batches < stages:
+        raise UserError(f"the 1f1b schedule needs micro-batches ({micro_batches}) >= stages ({stages})")
+    if request.resume is not None:
+        state = read_state(request.resume, stages)
+        if state["step"] >= request.steps:
+            raise UserError(f"--resume {request.resume} is at step {state['step']}: --steps {request.steps} "
+                            f"leaves nothing to do")
+    source = Checkpoint(request.resume or request.checkpoint)  # type: ignore[arg-type]
+    check_checkpoint(build_meta(family, class_name, config), source, family, class_name, config)
+    read_dataset(request.data, specs, config, micro_batch, micro_batch.batch * micro_batches)
+    if request.save is not None:
+        check_save_dir(request.save)
+    run_ranks(RANK_MODULE, to_argv(request), stages, PROG)
+    return 0
+
+
+def to_argv(request: Request) -> list[str]:
+    """The command line that makes ``request`` again (what each rank parses)."""
+    argv = []
+    defaults = {"verbose": False}
+    for key, value in vars(request).items():
+        if value is None or defaults.get(key) == value or value is False:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, tuple):
+            argv += [flag, ",".join(repr(v) for v in value)]
+        else:
+            argv += [flag, repr(value) if isinstance(value, float) else str(value)]
+    return argv
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(PROG, parse, execute, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""The plan's model on ``meta``, the stock checkpoint keys of each of its tensors, and the check of a checkpoint.
+
+Every rank builds the whole model with its parameters on ``meta`` (no memory,
+no initialisation): registering a parameter moves it there at once.  Buffers
+(position ids, causal masks) are small and computed in ``__init__``: they are
+kept as built, the values a checkpoint without them leaves in place, then
+moved to ``meta`` for tracing.  The generated model's stateful form has the
+stock module layout, so its state-dict keys are the checkpoint's; its
+stateless form (what the pipeline splits) keeps the same ``Parameter``
+objects under other names, which is how each stateless name finds its keys.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from common.errors import UserError
+from families.family import ModelFamily
+from partitioning.train.checkpoint import Checkpoint, describe_shape
+
+
+@contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Every parameter registered inside goes to ``meta`` as it is registered (initialisers then touch nothing)."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":
+            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = on_meta  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+@dataclass
+class MetaModel:
+    """The stateless model on ``meta`` and what ties its names to a stock checkpoint."""
+
+    model: nn.Module
+    keys: dict[str, tuple[str, ...]]  # stateless parameter or buffer name -> its stock state-dict keys
+    order: list[str]  # stateless parameter names in the stock model's parameters() order (one per parameter)
+    buffers: dict[str, torch.Tensor]  # stateless buffer name -> its value as built
+    state_keys: list[str]  # the stock state dict's keys, in order (what save_pretrained writes)
+    ignore_missing: tuple[str, ...]
+    ignore_unexpected: tuple[str, ...]
+
+    def stock_name(self, name: str) -> str:
+        return self.keys[name][0]
+
+
+def build_meta(family: ModelFamily, class_name: str, config: Any) -> MetaModel:
+    model_class = family.model_class(class_name)
+    try:
+        with parameters_on_meta(), torch.device("cpu"):
+            model = model_class(config).train()
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (a config the model's code rejects)
+        raise UserError(f"cannot build {class_name} from the plan's config: {type(exc).__name__}: "
+                        f"{' '.join(str(exc).split())[:200]}") from None
+    stock: dict[int, list[str]] = {}
+    for name, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        stock.setdefault(id(tensor), []).append(name)
+    stock_order = [id(p) for p in model.parameters()]
+    state_keys = list(model.state_dict(keep_vars=True))
+    if hasattr(model, "make_stateless"):
+        model.make_stateless()
+    named = dict(model.named_parameters(remove_duplicate=False))
+    keys = {name: tuple(stock[id(p)]) for name, p in named.items()}
+    first_name = {id(p): name for name, p in reversed(list(named.items()))}
+    buffers = {}
+    for module_name, module in model.named_modules(remove_duplicate=False):
+        for leaf, buffer in list(module._buffers.items()):
+            if buffer is None:
+                continue
+            name = f"{module_name}.{leaf}" if module_name else leaf
+            keys[name] = tuple(stock[id(buffer)])
+            buffers[name] = buffer
+    for module in model.modules():
+        for leaf, buffer in list(module._buffers.items()):
+            if buffer is not None and buffer.device.type != "meta":
+                module._buffers[leaf] = buffer.to("meta")
+    return MetaModel(model, keys, [first_name[i] for i in stock_order], buffers, state_keys,
+                     tuple(getattr(model_class, "_keys_to_ignore_on_load_missing", None) or ()),
+                     tuple(getattr(model_class, "_keys_to_ignore_on_load_unexpected", None) or ()))
+
+
+def check_checkpoint(meta: MetaModel, checkpoint: Checkpoint, family: ModelFamily, class_name: str,
+                     config: Any) -> None:
+    """The checkpoint is of the plan's model: family, class, sizes, and every tensor with its shape."""
+    where = f"checkpoint {checkpoint.directory}"
+    theirs = checkpoint.config
+    model_type = getattr(config, "model_type", None)
+    if theirs.get("model_type") != model_type:
+        raise UserError(f"{where} is a {theirs.get('model_type')!r} model, the plan a {model_type!r} one "
+                        f"({family.name}): give a checkpoint of the planned model")
+    architectures = theirs.get("architectures")
+    if isinstance(architectures, list) and architectures and class_name not in architectures:
+        raise UserError(f"{where} holds a {', '.join(map(str, architectures))}, the plan trains a {class_name}")
+    ours = config.to_dict()
+    for size in family.sizes():
+        if size in ours and theirs.get(size) != ours[size]:
+            raise UserError(f"{where} has {size} = {theirs.get(size)!r}, the plan {ours[size]!r}: re-plan with "
+                            f"partition-model --config {checkpoint.directory / 'config.json'}")
+    shapes = checkpoint.shapes
+    parameters = dict(meta.model.named_parameters(remove_duplicate=False))
+    for name, keys in meta.keys.items():
+        expected = tuple((parameters[name] if name in parameters else meta.buffers[name]).shape)
+        present = [key for key in keys if key in shapes]
+        if not present and name in parameters:
+            raise UserError(f"{where} lacks {keys[0]} (shape {describe_shape(expected)})")
+        for key in present:
+            if shapes[key] != expected:
+                raise UserError(f"{where} has {key} of shape {describe_shape(shapes[key])}, the model "
+                                f"{describe_shape(expected)}")
+    known = {key for keys in meta.keys.values() for key in keys}
+    unexpected = [key for key in shapes if key not in known
+                  and not any(re.search(pattern, key) for pattern in meta.ignore_unexpected)]
+    if unexpected:
+        raise UserError(f"{where} has {unexpected[0]}, which a {class_name} of this config does not have"
+                        f"{f' (and {len(unexpected) - 1} more)' if len(unexpected) > 1 else ''}")
+
+
+def source_key(meta: MetaModel, name: str, checkpoint: Checkpoint) -> str | None:
+    """The checkpoint key a stateless tensor loads from (the first of its stock names present), else None."""
+    return next((key for key in meta.keys[name] if key in checkpoint.shapes), None)

@@ -1,0 +1,106 @@
+"""One rank of ``train-model`` (started by torchrun): its stage, the data, AdamW, clipping, logging, saving.
+
+Step by step it does what one process would: forward and backward of the
+step's micro-batches, the gradients divided by their count, clipping by the
+global norm, ``optimizer.step()``, ``scheduler.step()``, ``zero_grad()``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from common.cli import report
+from common.errors import UserError
+from partitioning.files import read_plan
+from partitioning.gpu.train import device_for_rank
+from partitioning.train.cli import PROG, Request, parse
+from partitioning.train.data import read_dataset
+from partitioning.train.optim import OptimizerSettings, make_optimizer
+from partitioning.train.save import read_state, restore, save, training_state
+from partitioning.train.stage import StageModel, load_stage
+
+
+def train(request: Request, device: torch.device) -> StageModel:
+    plan = read_plan(request.plan)
+    stages = len(plan.stages)
+    state = read_state(request.resume, stages) if request.resume is not None else None
+    stage = load_stage(plan, request.resume or request.checkpoint, device, request.micro_batches)  # type: ignore[arg-type]
+    torch.manual_seed(request.seed + stage.rank)  # each rank's own stream (dropout): saved and restored
+    size = stage.micro_batch.batch * stage.micro_batches
+    data = (read_dataset(request.data, stage.specs, stage.config, stage.micro_batch, size)
+            if stage.rank == 0 else None)
+    settings = OptimizerSettings(lr=request.lr, weight_decay=request.weight_decay, betas=request.betas,
+                                 eps=request.eps, warmup=request.warmup_steps, decay=request.decay,
+                                 total=request.decay_steps or request.steps)
+    optimizer, scheduler = make_optimizer(stage.parameters(), settings)
+    names = list(stage.names.values())
+    start = 0
+    if state is not None:
+        assert request.resume is not None
+        restore(request.resume, stage.rank, optimizer, scheduler, names)
+        start = state["step"]
+    tokens = size * sum(stage.micro_batch.lengths.values())
+    last = stage.rank == stage.stages - 1
+    for step in range(start, request.steps):
+        began = time.perf_counter()
+        batch = data.batch(step, size, request.seed) if data is not None else None
+        losses = stage.step(batch)
+        if request.clip_grad is not None:
+            stage.clip_grad_norm_(request.clip_grad)
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        done = step + 1
+        if last and (done % request.log_every == 0 or done == request.steps):
+            loss = torch.stack([value.detach() for value in losses]).mean().item()
+            seconds = time.perf_counter() - began
+            print(f"step {done}/{request.steps}: loss {loss:.4f}, {tokens / seconds:.0f} tokens/s, lr {lr:.3g}",
+                  flush=True)
+        if request.save is not None and (done == request.steps or
+                                         (request.save_every is not None and done % request.save_every == 0)):
+            run_state = {"step": done, "examples_seen": done * size, "stages": stage.stages, "seed": request.seed}
+            save(stage, request.save, training_state(optimizer, scheduler, names), run_state,
+                 stage.checkpoint)
+            if last:
+                print(f"saved step {done} to {request.save}", flush=True)
+    return stage
+
+
+def main(argv: list[str] | None = None) -> int:
+    # A rank keeps the default SIGTERM, so one blocked in a collective dies when torchrun stops it.
+    prog = f"{PROG} (rank {os.environ.get('RANK', '0')})"
+    try:
+        request = parse(argv)
+    except UserError as exc:
+        return report(prog, exc)
+    backend, device = device_for_rank()
+    dist.init_process_group(backend)
+    try:
+        train(request, device)
+    except (UserError, OSError) as exc:
+        return report(prog, exc)
+    except Exception as exc:  # noqa: BLE001 (a rank's unforeseen failure is still one line naming the rank)
+        return _internal(prog, exc, request)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def _internal(prog: str, exc: Exception, request: Any) -> int:
+    if request.verbose:
+        import traceback
+
+        traceback.print_exc()
+    print(f"{prog}: error: internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

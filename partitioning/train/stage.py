@@ -1,0 +1,160 @@
+"""This rank's stage of a plan, built from a stock checkpoint: traced and split on ``meta``, then only it is loaded.
+
+:func:`load_stage` is the Python API for users who keep their own loop::
+
+    stage = load_stage(read_plan(path), Path("my-t5"))   # under torchrun, one rank per stage
+    optimizer = torch.optim.AdamW(stage.parameters(), lr=1e-4)
+    for batch in batches:                                   # rank 0 passes the inputs, the others None
+        losses = stage.step(batch)                          # the last stage gets the micro-batch losses
+        stage.clip_grad_norm_(1.0)                          # the global norm, as in one process
+        optimizer.step(); optimizer.zero_grad()
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from common.errors import UserError
+from families.definition import InputSpec
+from families.family import ModelFamily
+from families.models import MicroBatch, make_inputs
+from families.shapes import make_config
+from partitioning.gpu.pipelining import PipelineRun
+from partitioning.plan import Plan
+from partitioning.solve.partition import Settings
+from partitioning.train.checkpoint import Checkpoint
+from partitioning.train.model import MetaModel, build_meta, check_checkpoint, source_key
+
+PREFIX = "model."  # the stage modules' names: PipelineRun wraps the model as ``model``
+
+
+def plan_model(plan: Plan) -> tuple[ModelFamily, str, Any, list[InputSpec], MicroBatch]:
+    """The family, class, config, inputs and micro-batch the plan was made for (a stale plan is refused)."""
+    described = plan.model
+    try:
+        family = ModelFamily.load(described["family"], described["version"])
+        class_name = described["class"]
+        info = family.class_info(class_name)
+        if not info.trains:
+            raise UserError(f"training needs a plan of a class whose forward returns its loss; {class_name} "
+                            f"returns its {info.output}")
+        for key, expected in (("module", family.package), ("config_class", family.definition.config_path)):
+            if described[key] != expected:
+                raise UserError(f"the plan's {key} is {described[key]!r} but the {family.name} recipe gives "
+                                f"{expected!r}: re-plan with partition-model")
+        config = make_config(family.definition.config_path, described["config"])
+        specs = [InputSpec.from_dict(spec) for spec in described["inputs"]]
+        micro_batch = MicroBatch.from_dict(described["micro_batch"])
+    except KeyError as exc:
+        raise UserError(f"the plan does not say how to rebuild its model (no {exc}): re-plan with partition-model") \
+            from None
+    return family, class_name, config, specs, micro_batch
+
+
+def settings_of(plan: Plan, micro_batches: int | None = None) -> tuple[int, str]:
+    """The micro-batch count (the plan's unless given) and the schedule of a run of ``plan``."""
+    settings = Settings.from_plan(plan.settings)
+    return micro_batches or settings.micro_batches, settings.schedule
+
+
+class StageModel:
+    """One rank's stage: its module (loaded from the checkpoint), the pipeline step, and global-norm clipping."""
+
+    def __init__(self, plan: Plan, checkpoint: Checkpoint, *, device: torch.device | None = None,
+                 micro_batches: int | None = None) -> None:
+        self.family, self.class_name, self.config, self.specs, self.micro_batch = plan_model(plan)
+        self.micro_batches, self.schedule = settings_of(plan, micro_batches)
+        self.meta: MetaModel = build_meta(self.family, self.class_name, self.config)
+        check_checkpoint(self.meta, checkpoint, self.family, self.class_name, self.config)
+        self.checkpoint, self.device = checkpoint, device or torch.device("cpu")
+        example = {k: v.to("meta") for k, v in make_inputs(self.specs, self.config, self.micro_batch, "cpu").items()}
+        self.run = PipelineRun(self.meta.model, plan, example, micro_batches=self.micro_batches,
+                               schedule=self.schedule, device=self.device, materialize=self._materialize)
+        self.module: nn.Module = self.run.module
+        self.loaded = list(checkpoint.loaded)  # the keys this rank read to build its stage
+        self.rank, self.stages = self.run.rank, self.run.stages
+        # stock name of each parameter this stage holds; tied copies count once, at their first holder
+        self.names = {name: self.meta.stock_name(name.removeprefix(PREFIX))
+                      for name, _ in self.module.named_parameters()}
+        first = {copy.name: copy.stages[0] for copy in self.run.tied}
+        self.owned = {name for name in self.names if first.get(name, self.rank) == self.rank}
+
+    def _materialize(self, module: nn.Module) -> None:
+        """Give the stage its own tensors, from the checkpoint (buffers it lacks: their built values)."""
+        replaced: dict[int, torch.Tensor] = {}
+        for owner_name, owner in module.named_modules(remove_duplicate=False):
+            for table in (owner._parameters, owner._buffers):
+                for leaf, tensor in list(table.items()):
+                    if tensor is None or tensor.device.type != "meta":
+                        continue
+                    name = f"{owner_name}.{leaf}" if owner_name else leaf
+                    if id(tensor) not in replaced:
+                        replaced[id(tensor)] = self._value(name.removeprefix(PREFIX), tensor)
+                    table[leaf] = replaced[id(tensor)]
+        left = [name for name, t in [*module.named_parameters(), *module.named_buffers()] if t.device.type == "meta"]
+        if left:
+            raise UserError(f"stage {dist.get_rank()}: {left[0]} has no value to load")
+
+    def _value(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        if name not in self.meta.keys:
+            raise UserError(f"stage {dist.get_rank()} holds {name}, which the model does not name")
+        key = source_key(self.meta, name, self.checkpoint)
+        if key is not None:
+            value = self.checkpoint.load([key])[key]
+        elif name in self.meta.buffers:
+            value = self.meta.buffers[name].clone()
+        else:
+            raise UserError(f"checkpoint {self.checkpoint.directory} lacks {self.meta.keys[name][0]}")
+        value = value.to(device=self.device, dtype=like.dtype)
+        return nn.Parameter(value, requires_grad=like.requires_grad) if isinstance(like, nn.Parameter) else value
+
+    def parameters(self) -> list[nn.Parameter]:
+        return list(self.module.parameters())
+
+    def named_parameters(self) -> dict[str, nn.Parameter]:
+        """This stage's parameters by stock name (a tied copy under its first stock name)."""
+        return {self.names[name]: p for name, p in self.module.named_parameters()}
+
+    def step(self, inputs: dict[str, torch.Tensor] | None) -> list[torch.Tensor]:
+        """Forward and backward of one batch of ``micro_batches`` micro-batches; the last stage gets the losses."""
+        if self.rank == 0 and inputs is not None:
+            inputs = {key: value.to(self.device) for key, value in inputs.items()}
+        return self.run.step(inputs)
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` over the whole model: same norm, same scaling, bit for bit.
+
+        Each parameter's norm is taken once (a tied weight at its first holder),
+        every rank stacks them all in the stock model's parameter order, and
+        scales its gradients by the same factor.
+        """
+        grads = {self.names[name]: p.grad for name, p in self.module.named_parameters()
+                 if name in self.owned and p.grad is not None}
+        local = list(grads.values())
+        if local and torch.nn.utils.clip_grad._has_foreach_support(local, local[0].device):
+            norms = list(torch._foreach_norm(local, 2.0))
+        else:
+            norms = [torch.linalg.vector_norm(g, 2.0) for g in local]
+        mine = {name: norm.cpu() for name, norm in zip(grads, norms)}
+        everyone: list[dict[str, torch.Tensor] | None] = [None] * self.stages
+        dist.all_gather_object(everyone, mine)
+        found = {name: norm for part in everyone if part for name, norm in part.items()}
+        order = [self.meta.stock_name(name) for name in self.meta.order]
+        total = torch.linalg.vector_norm(torch.stack([found[name] for name in order if name in found]), 2.0)
+        coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        with torch.no_grad():
+            for p in self.module.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(coefficient.to(p.grad.device))
+        return total
+
+
+def load_stage(plan: Plan, checkpoint: Path, device: torch.device | None = None,
+               micro_batches: int | None = None) -> StageModel:
+    """This rank's stage of ``plan`` with its weights from the HF model directory ``checkpoint``."""
+    return StageModel(plan, Checkpoint(checkpoint), device=device, micro_batches=micro_batches)

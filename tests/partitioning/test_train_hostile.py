@@ -1,0 +1,151 @@
+"""train-model refuses bad input in one line and exit 2, before any rank starts; a rank's failure is one line too.
+
+Checkpoints of another family or size, missing, extra or mis-shaped keys, a truncated safetensors file; data
+files with wrong fields, types, lengths, or none; --save over a file or a directory it did not write.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from test_train_model import save_checkpoint, write_data, write_plan
+
+from partitioning.train.cli import main
+from partitioning.train.data import read_dataset
+from partitioning.train.stage import plan_model
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hostile")
+    cfg = save_checkpoint("t5", root / "t5")
+    write_plan("t5", cfg, "encoder.block.1", "gpipe", root / "plan.json")
+    write_data(root / "data.jsonl", root / "plan.json")
+    save_checkpoint("gpt2", root / "gpt2")
+    return {"root": root, "checkpoint": root / "t5", "plan": root / "plan.json", "data": root / "data.jsonl"}
+
+
+def run(setup: dict[str, Path], capsys: pytest.CaptureFixture[str], **changes: object) -> str:
+    options = {"--plan": setup["plan"], "--checkpoint": setup["checkpoint"], "--data": setup["data"], "--steps": "1",
+               **{"--" + key.replace("_", "-"): value for key, value in changes.items()}}
+    code = main([str(part) for pair in options.items() if pair[1] is not None for part in pair])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("train-model: error: "), err
+    return err
+
+
+def changed_checkpoint(setup: dict[str, Path], name: str, change) -> Path:
+    directory = setup["root"] / name
+    directory.mkdir()
+    shutil.copy(setup["checkpoint"] / "config.json", directory)
+    state = torch.load(setup["checkpoint"] / "pytorch_model.bin", weights_only=True)
+    change(state)
+    torch.save(state, directory / "pytorch_model.bin")
+    return directory
+
+
+def test_checkpoints_of_other_models(setup: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert "is a 'gpt2' model, the plan a 't5' one" in run(setup, capsys, checkpoint=setup["root"] / "gpt2")
+    bigger = setup["root"] / "bigger"
+    shutil.copytree(setup["checkpoint"], bigger)
+    config = json.loads((bigger / "config.json").read_text())
+    (bigger / "config.json").write_text(json.dumps({**config, "d_ff": config["d_ff"] + 1}))
+    assert f"has d_ff = {config['d_ff'] + 1}, the plan {config['d_ff']}" in run(setup, capsys, checkpoint=bigger)
+    assert "is not a directory" in run(setup, capsys, checkpoint=setup["data"])
+
+
+def test_missing_extra_and_misshaped_keys(setup: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    key = "encoder.block.1.layer.1.DenseReluDense.wo.weight"
+    missing = changed_checkpoint(setup, "missing", lambda state: state.pop(key))
+    assert f"lacks {key}" in run(setup, capsys, checkpoint=missing)
+    extra = changed_checkpoint(setup, "extra", lambda state: state.update({"encoder.block.9.x": torch.zeros(1)}))
+    assert "has encoder.block.9.x, which a T5ForConditionalGeneration" in run(setup, capsys, checkpoint=extra)
+    shaped = changed_checkpoint(setup, "shaped", lambda state: state.update({key: state[key].T.contiguous()}))
+    assert f"has {key} of shape" in run(setup, capsys, checkpoint=shaped)
+
+
+def test_truncated_safetensors(setup: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    directory = setup["root"] / "truncated"
+    directory.mkdir()
+    shutil.copy(setup["checkpoint"] / "config.json", directory)
+    state = torch.load(setup["checkpoint"] / "pytorch_model.bin", weights_only=True)
+    save_file({key: value.contiguous() for key, value in state.items() if key != "lm_head.weight"
+               and "embed_tokens" not in key}, str(directory / "model.safetensors"))
+    data = (directory / "model.safetensors").read_bytes()
+    (directory / "model.safetensors").write_bytes(data[: len(data) // 2])
+    assert "is not a readable safetensors file" in run(setup, capsys, checkpoint=directory)
+    (directory / "model.safetensors").write_bytes(data[:5])
+    assert "is not a readable safetensors file" in run(setup, capsys, checkpoint=directory)
+
+
+@pytest.mark.parametrize("lines,expected", [
+    (['{"input_ids": [1, 2], "labels": [1]}'], "line 1: no 'decoder_input_ids'"),
+    (['{"input_ids": [1], "decoder_input_ids": [1], "labels": [1], "text": "hi"}'], "line 1: unknown field 'text'"),
+    (['{"input_ids": [1.5], "decoder_input_ids": [1], "labels": [1]}'], "line 1: input_ids must be a list of integers"),
+    (['{"input_ids": "12", "decoder_input_ids": [1], "labels": [1]}'], "input_ids must be a list of integers"),
+    (['{"input_ids": [1, 1, 1, 1, 1, 1, 1, 1], "decoder_input_ids": [1], "labels": [1]}'],
+     "line 1: input_ids has 8 tokens, the plan's source length is 7"),
+    (['{"input_ids": [1], "decoder_input_ids": [1, 2], "labels": [1]}'], "labels has 1 tokens, decoder_input_ids 2"),
+    (['{"input_ids": [1], "decoder_input_ids": [1], "labels": [1]}', "[1]"], "line 2: an example is a JSON object"),
+    (['{"input_ids": [1], "decoder_input_ids": [1], "labels": [1]}', "{"], "line 2: not JSON"),
+    (['{"input_ids": [], "decoder_input_ids": [1], "labels": [1]}'], "input_ids is empty"),
+    (['{"input_ids": [99999], "decoder_input_ids": [1], "labels": [1]}'], "input_ids holds 99999, outside [0, "),
+    (["", " "], "holds no examples"),
+    (['{"input_ids": [1], "decoder_input_ids": [1], "labels": [1]}'], "holds 1 examples, fewer than one step's"),
+])
+def test_bad_data(setup: dict[str, Path], capsys: pytest.CaptureFixture[str], lines: list[str], expected: str) -> None:
+    data = setup["root"] / "bad.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    assert expected in run(setup, capsys, data=data)
+
+
+def test_data_is_padded_and_masked(setup: dict[str, Path]) -> None:
+    from partitioning.files import read_plan
+
+    _, _, cfg, specs, micro_batch = plan_model(read_plan(setup["plan"]))
+    data = setup["root"] / "short.jsonl"
+    data.write_text('{"input_ids": [5, 6], "decoder_input_ids": [0, 7], "labels": [7, 8]}\n')
+    dataset = read_dataset(data, specs, cfg, micro_batch, 1)
+    assert dataset.tensors["input_ids"].tolist() == [[5, 6, 0, 0, 0, 0, 0]]
+    assert dataset.tensors["attention_mask"].tolist() == [[1, 1, 0, 0, 0, 0, 0]]
+    assert dataset.tensors["decoder_attention_mask"].tolist() == [[1, 1, 0, 0, 0]]
+    assert dataset.tensors["labels"].tolist() == [[7, 8, -100, -100, -100]]
+    first, second = dataset.batch(0, 1, seed=3), dataset.batch(0, 1, seed=3)
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_save_over_a_file_or_a_foreign_directory(setup: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert "is a file: give a directory" in run(setup, capsys, save=setup["data"])
+    foreign = setup["root"] / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    assert "is a directory train-model did not write" in run(setup, capsys, save=foreign)
+    assert (foreign / "notes.txt").read_text() == "mine"
+    assert "not a checkpoint train-model saved" in run(setup, capsys, resume=foreign, checkpoint=None)
+
+
+def test_options(setup: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert "give --checkpoint DIR" in run(setup, capsys, resume=setup["checkpoint"])
+    assert "--save-every needs --save" in run(setup, capsys, save_every="2")
+    assert "--betas" in run(setup, capsys, betas="0.9")
+
+
+def test_the_command_trains_and_a_failing_rank_is_one_line(setup: dict[str, Path],
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The whole command under torchrun; then a resume whose stage-1 state is damaged: rank 1 fails, exit 2."""
+    out = setup["root"] / "run"
+    base = ["--plan", str(setup["plan"]), "--data", str(setup["data"]), "--save", str(out)]
+    assert main([*base, "--checkpoint", str(setup["checkpoint"]), "--steps", "1", "--log-every", "1"]) == 0
+    assert capsys.readouterr().out.startswith("step 1/1: loss ")
+    (out / "train_state" / "stage-1.pt").write_bytes(b"damaged")
+    before = {path.name: path.read_bytes() for path in out.iterdir() if path.is_file()}
+    code = main([*base, "--resume", str(out), "--steps", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "train-model (rank 1): error: cannot read" in err and "stage-1.pt" in err, err
+    assert {path.name: path.read_bytes() for path in out.iterdir() if path.is_file()} == before  # intact
