@@ -23,7 +23,7 @@ from typing import Any
 
 from common.errors import UserError
 from partitioning.plan import Block, Plan, Value
-from partitioning.solve.chunks import plan_chunks, predict
+from partitioning.solve.chunks import balanced, plan_chunks, predict
 from partitioning.solve.costs import ChainCosts, Settings
 from partitioning.solve.schedules import SCHEDULES, SINGLE, V_SHAPED, check_runs
 
@@ -44,7 +44,7 @@ def candidates(blocks: int, ranks: int, virtual: int | None) -> list[tuple[str, 
 
 def choose(blocks: Sequence[Block], ranks: int, settings: Settings, model: dict[str, Any],
            values: Sequence[Value] = ()) -> Plan:
-    from partitioning.solve.partition import min_max_split, partition  # partition dispatches here
+    from partitioning.solve.partition import partition  # partition dispatches here
 
     plans: list[tuple[tuple[Any, ...], Plan]] = []
     drafts: list[tuple[tuple[Any, ...], Settings]] = []
@@ -61,16 +61,13 @@ def choose(blocks: Sequence[Block], ranks: int, settings: Settings, model: dict[
                 row.update(_summary(plan.prediction, True))
                 continue
             costs = ChainCosts(blocks, each, model.get("shared_bytes"), values)
-            start = min_max_split(len(blocks), ranks * virtual, lambda s, i, j: costs.cost(i, j),
-                                  cut_weight=costs.cut_bytes)
-            assert start is not None
-            draft = predict(costs, start, ranks)
+            draft = predict(costs, balanced(costs, ranks * virtual), ranks)
         except UserError as exc:
             row["error"] = str(exc)
             continue
         row.update(_summary(draft.to_dict(), draft.fits))
         drafts.append(((not draft.fits, draft.step_time, order), each))
-    for (unfit, _, order), each in sorted(drafts, key=lambda pair: pair[0])[:SEARCHED]:
+    for (_, _, order), each in sorted(drafts, key=lambda pair: pair[0])[:SEARCHED]:
         try:
             plan, searched = plan_chunks(blocks, ranks, each, model, values)
         except UserError:

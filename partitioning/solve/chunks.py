@@ -103,10 +103,22 @@ def search(costs: ChainCosts, ranks: int, start: Sequence[Segment]) -> Predictio
     return best
 
 
+def balanced(costs: ChainCosts, count: int) -> list[Segment]:
+    """The exact split into ``count`` chunks with the least largest chunk cost (the search's start)."""
+    from partitioning.solve.partition import min_max_split
+
+    def cost(stage: int, i: int, j: int) -> float:
+        return costs.cost(i, j)
+
+    segments = min_max_split(len(costs.blocks), count, cost, cut_weight=costs.cut_bytes)
+    assert segments is not None  # no constraint: every split is allowed
+    return segments
+
+
 def plan_chunks(blocks: Sequence[Block], ranks: int, settings: Settings, model: dict[str, Any],
                 values: Sequence[Value] = ()) -> tuple[Plan, Prediction]:
     """The plan of a schedule running several chunks per rank: searched split, simulated (memory enforced)."""
-    from partitioning.solve.partition import build_plan, min_max_split  # partition dispatches to this module
+    from partitioning.solve.partition import build_plan  # partition dispatches to this module
 
     virtual = settings.virtual_stages or 1
     count = ranks * virtual
@@ -114,14 +126,12 @@ def plan_chunks(blocks: Sequence[Block], ranks: int, settings: Settings, model: 
         raise UserError(f"cannot split {len(blocks)} blocks into {ranks} ranks x {virtual} chunks "
                         f"(at most {len(blocks)} chunks at this granularity)")
     check_runs(settings.schedule, ranks, virtual, settings.micro_batches)
-    found = []
+    found: list[tuple[Prediction, ChainCosts]] = []
     for each in (settings, replace(settings, recompute=False)):
         costs = ChainCosts(blocks, each, model.get("shared_bytes"), values)
         if each is not settings and not costs.recomputed and found:
             break  # nothing recomputed either way: the same costs
-        start = min_max_split(len(blocks), count, lambda s, i, j: costs.cost(i, j), cut_weight=costs.cut_bytes)
-        assert start is not None  # no constraint: every split is allowed
-        found.append((search(costs, ranks, start), costs))
+        found.append((search(costs, ranks, balanced(costs, count)), costs))
     prediction, costs = min(found, key=lambda pair: _key(pair[0], pair[1])[:3])
     if not prediction.fits:
         assert settings.memory_limit is not None

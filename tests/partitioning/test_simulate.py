@@ -118,7 +118,7 @@ def test_every_order_runs_each_part_once_and_respects_dependencies(name: str) ->
                 assert start(action) >= grad(c + 1, m) + hop - 1e-9
         elif action.kind == "W":
             assert start(action) >= timeline.ends[Action(c, "I", m)] - 1e-9
-    for rank, order in enumerate(orders(name, ranks, virtual, micro)):  # one action at a time, in order
+    for order in orders(name, ranks, virtual, micro):  # a rank runs one action at a time, in its order
         for before, after in zip(order, order[1:]):
             assert start(after) >= timeline.ends[before] - 1e-9
 
