@@ -20,7 +20,7 @@ from partitioning.cost import granularity as grain
 from partitioning.gpu.target import GPUTarget
 from partitioning.ipu.target import IPUTarget
 from partitioning.request import DEFAULT_BATCH, Request
-from partitioning.solve.partition import SCHEDULES
+from partitioning.solve.schedules import AUTO, SCHEDULES, schedule_name
 from partitioning.target import Target
 
 PROG = "partition-model"
@@ -44,6 +44,7 @@ def parse(argv: list[str] | None) -> Request:
         if each.options is not None:
             given = {field.name: values.pop(field.name) for field in fields(each.options)}
             options = each.options(**given) if each is target else options
+    values["schedule"] = schedule_name(values["schedule"])  # any case, as the engine's get_schedule_class
     return Request(**values, lengths=lengths, options=options)
 
 
@@ -87,7 +88,12 @@ def _parser() -> argparse.ArgumentParser:
         batch.add_argument(f"--{name}-len", type=positive_int, dest=f"length_{name}", metavar="N",
                            help=f"= --seq-len {name}=N")
     batch.add_argument("--micro-batches", type=positive_int, default=8)
-    batch.add_argument("--schedule", default="1f1b", help=f"pipeline schedule ({', '.join(SCHEDULES)})")
+    batch.add_argument("--schedule", default="1f1b",
+                       help=f"pipeline schedule, any case ({', '.join(SCHEDULES)}), or {AUTO}: the least predicted "
+                            f"step time that fits")
+    batch.add_argument("--virtual-stages", type=positive_int, metavar="V",
+                       help="chunks per rank: >= 2 for the looped schedules (default 2), 2 for zbvzerobubble and "
+                            "dualpipev, 1 otherwise; with auto, only this V")
     machine = parser.add_argument_group("machine")
     machine.add_argument("--device-flops", type=positive_number, default=100.0, help="sustained TFLOP/s per device")
     machine.add_argument("--bandwidth", type=positive_number, default=25.0, help="GB/s between neighbouring stages")

@@ -90,6 +90,7 @@ def _plan(request: Request, target: Target) -> tuple[Request, list[str], dict[Pa
     settings = Settings(device_flops=request.device_flops * 1e12, bandwidth=request.bandwidth * 1e9,
                         memory_limit=request.memory_gb * 1e9 if request.memory_gb is not None else None,
                         micro_batches=request.micro_batches, schedule=request.schedule,
+                        virtual_stages=request.virtual_stages,
                         optimizer_states=request.optimizer_states, master_weights=request.master_weights,
                         measured=bool(request.measure), memory_bandwidth=request.memory_bandwidth * 1e9,
                         recompute=request.recompute)

@@ -150,6 +150,15 @@ class Plan:
     settings: dict[str, Any] = field(default_factory=dict)  # bandwidth, memory limit, schedule...
     values: list[Value] = field(default_factory=list)  # every tensor crossing a cut of the chain
     recomputed: list[str] = field(default_factory=list)  # names of the values receiving stages recompute
+    # The rank running each stage (a chunk, under a schedule running several per rank: settings.virtual_stages);
+    # empty: stage s on rank s.  Settings.stages is the number of ranks.
+    placement: list[int] = field(default_factory=list)
+    prediction: dict[str, Any] = field(default_factory=dict)  # simulated step time, bubble, per-rank memory...
+
+    @property
+    def ranks(self) -> list[int]:
+        """The rank of every stage."""
+        return list(self.placement) or list(range(len(self.stages)))
 
     @property
     def bottleneck(self) -> float:
@@ -182,12 +191,17 @@ class Plan:
         listed = [name for stage in self.stages for name in stage.blocks]
         if listed != known or any(not stage.blocks for stage in self.stages):
             raise UserError("the stages must cover every block once, in chain order, with no empty stage")
+        if self.placement and (len(self.placement) != len(self.stages)
+                               or sorted(set(self.placement)) != list(range(max(self.placement) + 1))):
+            raise UserError(f"the placement must give each of the {len(self.stages)} stages a rank, every rank "
+                            f"0..N-1 used, got {self.placement}")
 
     def to_json(self) -> str:
         ratio = self.ratio
         data = {"model": self.model, "settings": self.settings,
                 "blocks": [asdict(b) for b in self.blocks], "stages": [asdict(s) for s in self.stages],
                 "values": [asdict(v) for v in self.values], "recomputed": list(self.recomputed),
+                "placement": list(self.placement), "prediction": self.prediction,
                 "bottleneck": self.bottleneck, "ideal": self.ideal,
                 "ratio": ratio if math.isfinite(ratio) else None}  # JSON has no Infinity
         try:
@@ -210,7 +224,7 @@ class Plan:
         except OptionError as error:
             raise fail(error, "not a plan file", WORDING) from None
         return cls(dict(read.model), list(read.blocks), list(read.stages), dict(read.settings), list(read.values),
-                   list(read.recomputed))
+                   list(read.recomputed), list(read.placement), dict(read.prediction))
 
 
 _Table = Annotated[dict[str, Any], Check("a JSON object")]
@@ -226,3 +240,5 @@ class PlanFile:
     settings: _Table = field(default_factory=dict)
     values: tuple[Value, ...] = ()
     recomputed: Texts = ()
+    placement: Annotated[tuple[Count, ...], Check("a list of ranks")] = ()
+    prediction: _Table = field(default_factory=dict)

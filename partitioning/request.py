@@ -30,7 +30,8 @@ class Request:
     batch: int | None
     lengths: Mapping[str, int]
     micro_batches: int
-    schedule: str
+    schedule: str  # lower case: a name of partitioning.solve.schedules.SCHEDULES, or "auto"
+    virtual_stages: int | None  # chunks per rank (None: the schedule's default)
     device_flops: float  # TFLOP/s
     bandwidth: float  # GB/s
     memory_gb: float | None

@@ -30,8 +30,7 @@ from typing import Any
 from common.errors import UserError
 from common.schema import OptionError, parse_options
 from partitioning.plan import Block, Value
-
-SCHEDULES = ("gpipe", "1f1b")
+from partitioning.solve.schedules import AUTO, SCHEDULES, check_virtual_stages, default_virtual_stages
 
 
 @dataclass(frozen=True)
@@ -49,6 +48,8 @@ class Settings:
     memory_bandwidth: float = 2e12  # bytes/s a device reads/writes its memory (recompute cost)
     backward_factor: float = 2.0  # backward time as a multiple of forward time
     recompute: bool = True  # recompute crossing values where cheaper than sending them
+    virtual_stages: int | None = None  # chunks per rank (None: the schedule's default, 1 or 2; "auto": chosen)
+    weight_gradient: float = 0.5  # share of the backward computing weight gradients (W, split off by zero bubble)
 
     def __post_init__(self) -> None:
         # Finite too: the flags are finite, but TFLOP/s x 1e12 can overflow to infinity, which JSON cannot hold.
@@ -57,8 +58,16 @@ class Settings:
                             f"finite and positive")
         if self.micro_batches < 1:
             raise UserError(f"micro-batches must be at least 1, got {self.micro_batches}")
-        if self.schedule not in SCHEDULES:
-            raise UserError(f"unknown schedule {self.schedule!r}; known: {', '.join(SCHEDULES)}")
+        if self.schedule not in SCHEDULES and self.schedule != AUTO:
+            raise UserError(f"unknown schedule {self.schedule!r}; known: {', '.join(SCHEDULES)}, {AUTO}")
+        if self.virtual_stages is None and self.schedule != AUTO:  # frozen: settle the default once, here
+            object.__setattr__(self, "virtual_stages", default_virtual_stages(self.schedule))
+        if self.virtual_stages is not None and self.schedule != AUTO:
+            check_virtual_stages(self.schedule, self.virtual_stages)
+        if self.virtual_stages is not None and self.virtual_stages < 1:
+            raise UserError(f"virtual stages must be at least 1, got {self.virtual_stages}")
+        if not 0 <= self.weight_gradient <= 1:
+            raise UserError(f"the weight-gradient share of the backward must be in [0, 1], got {self.weight_gradient}")
         if self.memory_limit is not None and not 0 < self.memory_limit < math.inf:
             raise UserError(f"the memory limit must be finite and positive, got {self.memory_limit:g} bytes")
         if self.optimizer_states < 0:
@@ -207,6 +216,11 @@ class ChainCosts:
         work = (1.0 + self.settings.backward_factor) * self._work[i][j]
         return work if self.settings.measured else work / self.settings.device_flops
 
+    def forward(self, i: int, j: int) -> float:
+        """The forward part of :meth:`compute`."""
+        work = self._work[i][j]
+        return work if self.settings.measured else work / self.settings.device_flops
+
     def communication(self, j: int) -> float:
         return self.cut_bytes(j) / self.settings.bandwidth
 
@@ -216,9 +230,16 @@ class ChainCosts:
         return self.compute(i, j) + self.recompute_time(i, j) + self.communication(j)
 
     def memory(self, stage: int, stages: int, i: int, j: int) -> float:
+        return self.state_memory(i, j) + self.settings.in_flight(stage, stages) * self.activations(i, j)
+
+    def state_memory(self, i: int, j: int) -> float:
+        """Bytes of the parameters (replicas included) and their gradient and optimizer copies."""
         params = self._params[j + 1] - self._params[i] + self._replica_bytes(i, j) + self._replica_params(i, j)
-        activations = self._activations[j + 1] - self._activations[i]
-        return self.settings.state_copies * params + self.settings.in_flight(stage, stages) * activations
+        return self.settings.state_copies * params
+
+    def activations(self, i: int, j: int) -> int:
+        """Bytes saved for backward per micro-batch."""
+        return self._activations[j + 1] - self._activations[i]
 
     def fits(self, stage: int, stages: int, i: int, j: int) -> bool:
         limit = self.settings.memory_limit

@@ -23,7 +23,9 @@ from typing import Any
 
 from common.errors import UserError
 from partitioning.plan import Block, Plan, Stage, Value
+from partitioning.solve.chunks import finish, plan_chunks, predict
 from partitioning.solve.costs import SCHEDULES, ChainCosts, Settings, choose_recomputed, recompute_seconds
+from partitioning.solve.schedules import AUTO, SINGLE
 
 __all__ = ["SCHEDULES", "ChainCosts", "Segment", "Settings", "build_plan", "check_stage_count", "choose_recomputed",
            "min_max_split", "partition", "recompute_seconds", "size"]
@@ -100,7 +102,15 @@ def build_plan(blocks: Sequence[Block], segments: Sequence[Segment], settings: S
 
 def partition(blocks: Sequence[Block], stages: int, settings: Settings, model: dict[str, Any] | None = None,
               values: Sequence[Value] = ()) -> Plan:
-    """The optimal plan: least bottleneck over all contiguous splits that fit the memory limit."""
+    """The optimal plan for the schedule: for one stage per rank, the least bottleneck over all contiguous
+    splits that fit the memory limit (then simulated); for several, :mod:`partitioning.solve.chunks`; for
+    ``auto``, :mod:`partitioning.solve.auto`."""
+    if settings.schedule == AUTO:
+        from partitioning.solve.auto import choose  # it plans every schedule through this function
+
+        return choose(blocks, stages, settings, model or {}, values)
+    if settings.schedule not in SINGLE:
+        return plan_chunks(blocks, stages, settings, model or {}, values)[0]
     check_stage_count(len(blocks), stages)
     costs = ChainCosts(blocks, settings, (model or {}).get("shared_bytes"), values)
     plan = _optimal(blocks, stages, costs, model or {})
@@ -108,10 +118,14 @@ def partition(blocks: Sequence[Block], stages: int, settings: Settings, model: d
         sent = ChainCosts(blocks, replace(settings, recompute=False), (model or {}).get("shared_bytes"), values)
         other = _optimal(blocks, stages, sent, model or {})
         if other is not None and (plan is None or other.bottleneck < plan.bottleneck):
-            return other
+            plan, costs = other, sent
     if plan is None:
         raise UserError(_memory_diagnosis(blocks, stages, costs))
-    return plan
+    segments, start = [], 0
+    for stage in plan.stages:
+        segments.append((start, start + len(stage.blocks) - 1))
+        start += len(stage.blocks)
+    return finish(plan, predict(costs, segments, stages), stages)
 
 
 def _optimal(blocks: Sequence[Block], stages: int, costs: ChainCosts, model: dict[str, Any]) -> Plan | None:

@@ -1,0 +1,156 @@
+"""Splits for a schedule: the chain in K x V chunks placed as the schedule places them, costed by simulation.
+
+A schedule running V chunks per rank (:mod:`partitioning.solve.schedules`)
+does not have the one-stage-per-rank bottleneck as its step time: a rank's
+load is the sum of its chunks, placed in a loop (chunk ``j`` on rank
+``j mod K``) or a V (rank ``r`` holds chunks ``r`` and ``2K - 1 - r``), and
+the order of its actions leaves bubbles that depend on where the cuts are.
+No exact DP applies, so the split is searched with the simulated step time
+(:mod:`partitioning.solve.simulate`) as its cost: from the exact min-max
+split into K x V chunks, a cut moves by one block while the step time drops
+(a local search: it can stop at a local optimum).  Every rank must fit the
+memory limit: its chunks' parameter state plus its simulated activation
+peak.  Ties: the least bytes over the cuts, then the smallest chunk ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from common.errors import UserError
+from partitioning.plan import Block, Plan, Value
+from partitioning.solve.costs import ChainCosts, Settings
+from partitioning.solve.schedules import SINGLE, check_runs, orders, placement
+from partitioning.solve.simulate import ChunkCost, Timeline, simulate
+
+Segment = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A split under a schedule, simulated."""
+
+    segments: tuple[Segment, ...]
+    timeline: Timeline
+    rank_memory: tuple[float, ...]  # bytes: parameter state of the rank's chunks + its activation peak
+    fits: bool
+
+    @property
+    def step_time(self) -> float:
+        return self.timeline.step_time
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step_time": self.step_time, "bubble": self.timeline.bubble, "rank_busy": list(self.timeline.busy),
+                "rank_memory_bytes": [round(memory) for memory in self.rank_memory]}
+
+
+def chunk_costs(costs: ChainCosts, segments: Sequence[Segment]) -> list[ChunkCost]:
+    """Per chunk: forward (with its recomputations), backward, its weight-gradient part, send, activations."""
+    chunks = []
+    for i, j in segments:
+        forward = costs.forward(i, j)
+        backward = costs.compute(i, j) - forward
+        chunks.append(ChunkCost(forward + costs.recompute_time(i, j), backward,
+                                backward * costs.settings.weight_gradient, costs.communication(j),
+                                costs.activations(i, j)))
+    return chunks
+
+
+def predict(costs: ChainCosts, segments: Sequence[Segment], ranks: int) -> Prediction:
+    """Simulate ``segments`` under ``costs.settings``' schedule on ``ranks`` ranks."""
+    settings = costs.settings
+    virtual = settings.virtual_stages or 1
+    where = placement(settings.schedule, ranks, virtual)
+    timeline = simulate(orders(settings.schedule, ranks, virtual, settings.micro_batches), where,
+                        chunk_costs(costs, segments))
+    memory = [0.0] * ranks
+    for (i, j), rank in zip(segments, where):
+        memory[rank] += costs.state_memory(i, j)
+    rank_memory = tuple(state + peak for state, peak in zip(memory, timeline.peak_activations))
+    limit = settings.memory_limit
+    return Prediction(tuple(segments), timeline, rank_memory, limit is None or max(rank_memory) <= limit)
+
+
+def _key(prediction: Prediction, costs: ChainCosts) -> tuple[Any, ...]:
+    limit = costs.settings.memory_limit or 0.0
+    over = 0.0 if prediction.fits else max(prediction.rank_memory) - limit
+    cut_bytes = sum(costs.cut_bytes(j) for _, j in prediction.segments[:-1])
+    return (not prediction.fits, over, prediction.step_time, cut_bytes, [j for _, j in prediction.segments])
+
+
+def search(costs: ChainCosts, ranks: int, start: Sequence[Segment]) -> Prediction:
+    """The best split reached from ``start`` by moving one cut one block at a time (see the module doc)."""
+    best = predict(costs, start, ranks)
+    best_key = _key(best, costs)
+    improved = True
+    while improved:
+        improved = False
+        ends = [j for _, j in best.segments]
+        for c in range(len(ends) - 1):
+            for step in (-1, 1):
+                moved = list(ends)
+                moved[c] += step
+                low = moved[c - 1] if c else -1
+                if not low < moved[c] < moved[c + 1]:
+                    continue
+                segments = [(e0 + 1, e1) for e0, e1 in zip([-1, *moved[:-1]], moved)]
+                candidate = predict(costs, segments, ranks)
+                key = _key(candidate, costs)
+                if key < best_key:
+                    best, best_key, improved = candidate, key, True
+    return best
+
+
+def balanced(costs: ChainCosts, count: int) -> list[Segment]:
+    """The exact split into ``count`` chunks with the least largest chunk cost (the search's start)."""
+    from partitioning.solve.partition import min_max_split
+
+    def cost(stage: int, i: int, j: int) -> float:
+        return costs.cost(i, j)
+
+    segments = min_max_split(len(costs.blocks), count, cost, cut_weight=costs.cut_bytes)
+    assert segments is not None  # no constraint: every split is allowed
+    return segments
+
+
+def plan_chunks(blocks: Sequence[Block], ranks: int, settings: Settings, model: dict[str, Any],
+                values: Sequence[Value] = ()) -> tuple[Plan, Prediction]:
+    """The plan of a schedule running several chunks per rank: searched split, simulated (memory enforced)."""
+    from partitioning.solve.partition import build_plan  # partition dispatches to this module
+
+    virtual = settings.virtual_stages or 1
+    count = ranks * virtual
+    if count > len(blocks):
+        raise UserError(f"cannot split {len(blocks)} blocks into {ranks} ranks x {virtual} chunks "
+                        f"(at most {len(blocks)} chunks at this granularity)")
+    check_runs(settings.schedule, ranks, virtual, settings.micro_batches)
+    found: list[tuple[Prediction, ChainCosts]] = []
+    for each in (settings, replace(settings, recompute=False)):
+        costs = ChainCosts(blocks, each, model.get("shared_bytes"), values)
+        if each is not settings and not costs.recomputed and found:
+            break  # nothing recomputed either way: the same costs
+        found.append((search(costs, ranks, balanced(costs, count)), costs))
+    prediction, costs = min(found, key=lambda pair: _key(pair[0], pair[1])[:3])
+    if not prediction.fits:
+        assert settings.memory_limit is not None
+        worst = max(range(ranks), key=lambda r: prediction.rank_memory[r])
+        raise UserError(f"no split into {ranks} ranks x {virtual} chunks under {settings.schedule} found that fits "
+                        f"{settings.memory_limit / 1e9:.3f} GB per device: at best rank {worst} needs "
+                        f"{prediction.rank_memory[worst] / 1e9:.3f} GB")
+    plan = build_plan(blocks, prediction.segments, costs.settings, model, costs)
+    # a chunk's memory: its state and the activations of the micro-batches it holds at once (simulated)
+    plan.stages = [replace(stage, memory_bytes=round(costs.state_memory(i, j) + held * costs.activations(i, j)))
+                   for stage, (i, j), held in zip(plan.stages, prediction.segments, prediction.timeline.in_flight)]
+    return finish(plan, prediction, ranks), prediction
+
+
+def finish(plan: Plan, prediction: Prediction, ranks: int) -> Plan:
+    """``plan`` with its ranks, placement and prediction recorded."""
+    schedule, virtual = plan.settings["schedule"], plan.settings.get("virtual_stages") or 1
+    plan.settings = {**plan.settings, "stages": ranks}
+    if schedule not in SINGLE:
+        plan.placement = list(placement(schedule, ranks, virtual))
+    plan.prediction = {**plan.prediction, **prediction.to_dict()}
+    return plan
