@@ -122,10 +122,9 @@ class Fetcher:
         found.update(fetched)
         missing = tuple(m for m in members if m not in found)
         if missing:
-            if self.origin == "installed" and self._installed_note:
-                raise UserError(f"{self.package} {self.version}: {self._installed_note}", hint=_NO_SOURCE_HINT)
-            raise UserError(f"{self.package} {self.version}: {missing[0]} not found in the {self.origin} source",
-                            hint=_NO_SOURCE_HINT)
+            why = self._installed_note if self.origin == "installed" and self._installed_note else \
+                f"{missing[0]} not found in the {self.origin} source"
+            raise UserError(f"{self.package} {self.version}: {why}", hint=_NO_SOURCE_HINT)
         return found
 
     def _matches_pin(self, source: SourceFile) -> bool:
