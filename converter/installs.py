@@ -29,6 +29,7 @@ from pathlib import Path
 from common.errors import UserError
 from common.versions import Release as ReleaseNumber
 from common.versions import VersionError, VersionRange
+from converter.recipes import load_recipes
 
 REPO = Path(__file__).resolve().parent.parent
 ERAS_FILE = REPO / "scripts" / "transformers_releases.txt"
@@ -71,6 +72,13 @@ class Era:
     where: str  # file:line
     releases: VersionRange
     requirements: tuple[str, ...]
+
+
+def verified_releases() -> list[str]:
+    """Every transformers release some recipe verifies, oldest first (the releases the era list admits)."""
+    versions = {version for recipe in load_recipes().values() if recipe.package == "transformers"
+                for version in recipe.known_versions}
+    return sorted(versions, key=ReleaseNumber.parse)
 
 
 def read_eras(path: Path = ERAS_FILE) -> list[Era]:

@@ -29,7 +29,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script: the repository's packages, not an install's
 
 from common.errors import UserError  # noqa: E402
-from common.versions import Release as ReleaseNumber  # noqa: E402
 from converter.installs import (  # noqa: E402
     ERAS_FILE,
     PARTIAL,
@@ -42,19 +41,12 @@ from converter.installs import (  # noqa: E402
     is_installed,
     releases_for,
     tail,
+    verified_releases,
 )
-from converter.recipes import load_recipes  # noqa: E402
 
 DEFAULT_ROOT = REPO / ".venv" / "transformers"
 __all__ = ["PARTIAL", "STAMP", "Release", "ReleaseListError", "install_dir", "is_installed", "main", "read_releases",
            "verified_releases"]
-
-
-def verified_releases() -> list[str]:
-    """Every transformers release some recipe verifies, oldest first."""
-    versions = {version for recipe in load_recipes().values() if recipe.package == "transformers"
-                for version in recipe.known_versions}
-    return sorted(versions, key=ReleaseNumber.parse)
 
 
 def read_releases(path: Path = ERAS_FILE, versions: list[str] | None = None) -> list[Release]:
