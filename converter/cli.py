@@ -65,7 +65,7 @@ def _list() -> str:
     for family, recipe in sorted(load_recipes().items()):
         versions = ", ".join(recipe.verified_versions()) or "none"
         lines.append(f"{family}: {recipe.package} {recipe.source}; verified releases: {versions}; "
-                     f"any other release converts unverified, with a warning")
+                     f"any other release is checked against its stock code before it is written")
     return "\n".join(lines)
 
 

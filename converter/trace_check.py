@@ -145,8 +145,10 @@ def _check_path(model: Any, inputs: dict[str, Any], expected: Any, compare: bool
             return 1, f"{where} raises {_message(exc)} {_where(exc, generated)}"
         if not isinstance(actual, torch.Tensor):
             return 1, f"{where} returns {type(actual).__name__}, not one tensor"
-        if actual.shape != expected.shape or not torch.equal(actual, expected):
-            return 1, f"{where}: output differs from stock (shape {tuple(actual.shape)} vs {tuple(expected.shape)})"
+        if actual.shape != expected.shape:
+            return 1, f"{where}: output has shape {tuple(actual.shape)}, stock's {tuple(expected.shape)}"
+        if not torch.equal(actual, expected):
+            return 1, f"{where}: output differs from stock (max |difference| {(actual - expected).abs().max():.3g})"
     absent = {p: None for p in inspect.signature(model.forward).parameters if p not in inputs}
     try:
         traced = torch.fx.symbolic_trace(model, concrete_args=absent)
