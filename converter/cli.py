@@ -14,7 +14,7 @@ from common.atomic import recover, write_all_atomic
 from common.cli import Parser, nonempty_path, run
 from common.errors import UserError
 from common.versions import Release
-from converter import output, verify
+from converter import checks, output
 from converter.fetch import ORIGINS, Fetcher, SourceFile, default_cache_dir, read_source_file, validate_version
 from converter.pipeline import Conversion, render
 from converter.recipes import Recipe, get_recipe, load_recipes
@@ -50,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="require the fx check: build the classes from a tiny config and trace them (default: "
                             "run it when torch and this release are installed)")
     check.add_argument("--no-verify", dest="trace", action="store_const", const="never", help="skip the fx check")
+    parser.add_argument("--accept-unverified", action="store_true",
+                        help="write a release the recipe does not verify without checking it against that "
+                             "release's stock code (by default it is installed in the cache and checked)")
     verbosity = parser.add_mutually_exclusive_group()
     verbosity.add_argument("-q", "--quiet", action="store_true")
     verbosity.add_argument("-v", "--verbose", action="store_true", help="debug log; tracebacks of internal errors")
@@ -62,7 +65,7 @@ def _list() -> str:
     for family, recipe in sorted(load_recipes().items()):
         versions = ", ".join(recipe.verified_versions()) or "none"
         lines.append(f"{family}: {recipe.package} {recipe.source}; verified releases: {versions}; "
-                     f"any other release converts unverified, with a warning")
+                     f"any other release is checked against its stock code before it is written")
     return "\n".join(lines)
 
 
@@ -115,7 +118,7 @@ def _check_version(recipe: Recipe, version: str) -> None:
                                hint=f"pass --version {known}")
 
 
-def _verify_release(recipe: Recipe, version: str, sources: dict[str, SourceFile]) -> bool:
+def _verify_release(recipe: Recipe, version: str, sources: dict[str, SourceFile], accept: bool) -> bool:
     """True when every local file (--source-file/--source-dir) is byte-identical to the verified release.
 
     Fetched files were checked against the same pins by the fetcher.
@@ -123,8 +126,9 @@ def _verify_release(recipe: Recipe, version: str, sources: dict[str, SourceFile]
     local = [source for source in sources.values() if source.origin.startswith("file:")]
     pins = recipe.pins.get(version)
     if pins is None:
-        log.warning("%s %s is unverified (verified: %s): converted by the recipe's release ranges; check the "
-                    "output", recipe.package, version, ", ".join(recipe.verified_versions()))
+        log.warning("%s %s is unverified (verified: %s): converted by the recipe's release ranges; %s",
+                    recipe.package, version, ", ".join(recipe.verified_versions()),
+                    "written unchecked (--accept-unverified)" if accept else "checking it against its stock code")
         return not local
     identical = True
     for source in local:
@@ -134,6 +138,18 @@ def _verify_release(recipe: Recipe, version: str, sources: dict[str, SourceFile]
                         recipe.package, version, source.member, source.sha256[:12], expected[:12])
             identical = False
     return identical
+
+
+def _run_checks(args: argparse.Namespace, recipe: Recipe, files: dict[PurePosixPath, str]) -> None:
+    """Exit 0 means it works: an unverified release is checked against its stock code unless the user accepts it."""
+    cache_dir = args.cache_dir or default_cache_dir()
+    if args.version in recipe.pins or args.accept_unverified:
+        checks.fx_check(args.trace, files, recipe, args.version, cache_dir)
+    elif args.trace == "never":
+        raise UserError(f"--no-verify: {recipe.package} {args.version} is unverified, and only its check against "
+                        f"stock code makes the conversion trustworthy", hint=checks.ACCEPT_HINT)
+    else:
+        checks.stock_check(files, recipe, args.version, cache_dir)
 
 
 def _display_name(args: argparse.Namespace, recipe: Recipe) -> str:
@@ -162,11 +178,11 @@ def _run(args: argparse.Namespace) -> int:
         if not args.check:
             output.ensure_writable(root)
     sources = _gather_sources(args, recipe)
-    is_release = _verify_release(recipe, args.version, sources)
+    is_release = _verify_release(recipe, args.version, sources, args.accept_unverified)
     conversion = Conversion(recipe, args.version, sources, _regenerate_command(args, pinned_source=not is_release))
     files = render(conversion, _display_name(args, recipe))
     if not (args.check or args.diff):
-        verify.trace_check(args.trace, files, recipe.family, recipe.package, args.version)
+        _run_checks(args, recipe, files)
 
     if args.diff:
         module_path = next(p for p in files if p.name == PurePosixPath(recipe.source).name)

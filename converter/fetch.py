@@ -49,7 +49,6 @@ class SourceFile:
     origin: str
 
 
-
 def _decode(data: bytes, where: object) -> str:
     try:
         return data.decode("utf-8")
@@ -80,8 +79,6 @@ def _safe_member(member: str) -> PurePosixPath:
     return path
 
 
-
-
 def read_source_file(path: Path, member: str) -> SourceFile:
     try:
         data = read_capped(path)
@@ -102,6 +99,7 @@ class Fetcher:
         self.root = cache_dir / f"{package}-{version}"
         self._manifest_path = self.root / "manifest.json"
         self._manifest_read: dict[str, str] | None = None
+        self._installed_note = ""  # why the installed distribution gave nothing, when it did not
 
     def fetch(self, members: tuple[str, ...]) -> dict[str, SourceFile]:
         for member in members:
@@ -124,10 +122,9 @@ class Fetcher:
         found.update(fetched)
         missing = tuple(m for m in members if m not in found)
         if missing:
-            raise UserError(
-                f"{self.package} {self.version}: {missing[0]} not found in the {self.origin} source",
-                hint=_NO_SOURCE_HINT,
-            )
+            why = self._installed_note if self.origin == "installed" and self._installed_note else \
+                f"{missing[0]} not found in the {self.origin} source"
+            raise UserError(f"{self.package} {self.version}: {why}", hint=_NO_SOURCE_HINT)
         return found
 
     def _matches_pin(self, source: SourceFile) -> bool:
@@ -202,9 +199,13 @@ class Fetcher:
         try:
             dist = metadata.distribution(self.package)
         except metadata.PackageNotFoundError:
+            self._installed_note = f"{self.package} is not installed"
             return {}
         if dist.version != self.version:
-            log.debug("installed %s is %s, not %s", self.package, dist.version, self.version)
+            where = Path(str(dist.locate_file(""))).resolve()
+            self._installed_note = (f"the installed {self.package} is release {dist.version} (in {where}), not "
+                                    f"{self.version} as --version asks")
+            log.debug("%s", self._installed_note)
             return {}
         found = {}
         for member in members:
@@ -214,6 +215,7 @@ class Fetcher:
                 source = SourceFile(member, local.text, local.sha256, "installed")
                 if not self._matches_pin(source):
                     log.warning("installed %s is locally modified (sha256 mismatch); not using it", path)
+                    self._installed_note = f"the installed {member} is locally modified (sha256 mismatch)"
                     continue
                 found[member] = source
         return found

@@ -15,27 +15,17 @@ Callees whose signature the module cannot know are skipped: methods reached
 through a base defined elsewhere, decorated functions (a decorator may change
 the signature), names rebound locally, instance attributes.
 
-:func:`trace_check` then builds the classes and traces them with torch.fx, in a
-process of its own (:mod:`converter.trace_check`): the converter never imports torch.
+:mod:`converter.checks` then builds the classes and traces them with torch.fx (and, for an
+unverified release, compares them with stock), in a process of its own: the converter never imports torch.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib.util
-import logging
-import subprocess
-import sys
-import tempfile
 import warnings
 from dataclasses import dataclass
-from importlib import metadata
-from pathlib import Path, PurePosixPath
 
-from common.errors import UserError
 from converter.signatures import binding_problem, bound_names, function_kind, module_rebinds
-
-log = logging.getLogger("converter")
 
 _UNKNOWN = object()
 
@@ -204,48 +194,3 @@ class _CallChecker:
                     return True
             classes += [self.classes[b.id] for b in current.bases if isinstance(b, ast.Name) and b.id in self.classes]
         return False
-
-
-# -- the fx check: the generated classes built and traced, in a process of their own ------------------------
-
-def trace_check(mode: str, files: dict[PurePosixPath, str], family: str, package: str, version: str) -> None:
-    """Build the generated classes and trace them with torch.fx (``python -m converter.trace_check``).
-
-    ``mode``: "never"; "always" (``--verify``: missing torch or another installed release is an
-    error); "auto" (the default: run when torch and this very release of ``package`` are
-    installed, else say why not).  A blocker is a :class:`UserError` naming the class and the
-    generated line; the files are checked in a scratch directory, so nothing is written.
-    """
-    if mode == "never":
-        return
-    reason = _cannot_trace(package, version)
-    if reason is not None:
-        if mode == "always":
-            raise UserError(f"--verify: {reason}")
-        log.info("fx check skipped: %s (pass --verify to require it)", reason)
-        return
-    with tempfile.TemporaryDirectory(prefix="convert-model-check-") as scratch:
-        root = Path(scratch)
-        for relative, text in files.items():
-            (root / relative).parent.mkdir(parents=True, exist_ok=True)
-            (root / relative).write_text(text, encoding="utf-8")
-        command = [sys.executable, "-m", "converter.trace_check", "--root", str(root), "--family", family,
-                   "--version", version]
-        proc = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
-    if proc.returncode != 0:
-        detail = lines[0] if proc.returncode in (1, 2) and lines else (lines[-1] if lines else "no output")
-        raise UserError(f"fx check of the generated {family} {version} failed: {detail}")
-    log.info("fx check: every class traces with torch.fx")
-
-
-def _cannot_trace(package: str, version: str) -> str | None:
-    if importlib.util.find_spec("torch") is None:
-        return "torch is not installed"
-    try:
-        installed = metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return f"{package} is not installed"
-    if installed != version:
-        return f"the installed {package} is {installed}, not {version}"
-    return None

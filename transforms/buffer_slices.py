@@ -28,6 +28,15 @@ def _parenthesized(node: cst.BaseExpression) -> cst.BaseExpression:
     return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
 
+def _rooted_at(node: cst.BaseExpression, owner: str) -> bool:
+    """Whether ``node`` is ``owner.a`` or ``owner.a.b``...: a submodule of the receiver."""
+    while isinstance(node, cst.Attribute):
+        node = node.value
+        if m.matches(node, m.Name(owner)):
+            return True
+    return False
+
+
 class BufferSlices(Transform):
     """``self.buf[:, :, a:b, :c]`` -> ``self.buf.narrow(2, a, b - a).narrow(3, 0, c)``.
 
@@ -36,14 +45,18 @@ class BufferSlices(Transform):
     integers``).  ``narrow`` is a tensor method, so a traced bound makes fx
     record the call, with the buffer as a ``get_attr`` of its module; torch.export
     traces either form.  Buffers are found by their ``register_buffer`` call in
-    the same class; only subscripts made of plain slices (no step) with some
-    non-literal bound are rewritten.  The bounds are sizes: ``narrow`` and
+    the same class, or (``self.sub.buf``, a submodule's) in any class of the
+    file; only subscripts made of plain slices (no step) with some non-literal
+    bound are rewritten.  The bounds are sizes: ``narrow`` and
     slicing agree for ``0 <= start <= stop <= size``, where GPT-2's causal mask
     slice lives (``self.bias[:, :, ns - nd : ns, :ns]``); out of that range
     slicing clamps, while ``narrow`` raises::
 
         mask = self.bias[:, :, ns - nd : ns, :ns]                                  # before
         mask = self.bias.narrow(2, ns - nd, ns - (ns - nd)).narrow(3, 0, ns)       # after
+
+        ids = self.embeddings.token_type_ids[:, :seq_length]                       # before (BERT 4.10)
+        ids = self.embeddings.token_type_ids.narrow(1, 0, seq_length)              # after
     """
 
     DESCRIPTION = "slices of a registered buffer by traced sizes -> narrow"
@@ -52,30 +65,39 @@ class BufferSlices(Transform):
     def __init__(self, context: CodemodContext, options: BufferSlicesOptions | None = None, /,
                  **values: object) -> None:
         super().__init__(context, options, **values)
-        self._buffers: dict[int, tuple[str, frozenset[str]]] = {}  # id of a method -> (receiver, buffer names)
-        self._method: list[tuple[str, frozenset[str]] | None] = []
+        # id of a method -> (receiver, its class's buffer names, every class's buffer names)
+        self._buffers: dict[int, tuple[str, frozenset[str], frozenset[str]]] = {}
+        self._method: list[tuple[str, frozenset[str], frozenset[str]] | None] = []
 
     def focus(self) -> Iterable[cst.CSTNode]:
         found: list[cst.CSTNode] = []
+        classes = {id(node): frozenset(
+            call.args[0].value.evaluated_value  # type: ignore[attr-defined]  # matched a SimpleString
+            for call in m.findall(node, _REGISTER) if isinstance(call, cst.Call))
+            for node in self.index.nodes(cst.ClassDef)}
+        anywhere = frozenset().union(*classes.values())
+        if not anywhere:
+            return found
         for node in self.index.nodes(cst.ClassDef):
-            buffers = frozenset(
-                call.args[0].value.evaluated_value  # type: ignore[attr-defined]  # matched a SimpleString
-                for call in m.findall(node, _REGISTER) if isinstance(call, cst.Call))
-            if not buffers:
-                continue
             for _, method, owner in methods(node):
-                if any(self._slices(s, owner, buffers) for s in m.findall(method, m.Subscript())
+                context = (owner, classes[id(node)], anywhere)
+                if any(self._slices(s, *context) for s in m.findall(method, m.Subscript())
                        if isinstance(s, cst.Subscript)):
-                    self._buffers[id(method)] = (owner, buffers)
+                    self._buffers[id(method)] = context
                     found.append(method)
         return found
 
     @staticmethod
-    def _slices(node: cst.Subscript, owner: str, buffers: frozenset[str]) -> bool:
-        """Whether ``node`` slices one of ``buffers`` with plain slices, some bound not a literal."""
+    def _slices(node: cst.Subscript, owner: str, buffers: frozenset[str], anywhere: frozenset[str]) -> bool:
+        """Whether ``node`` slices ``self.buf`` (``buffers``) or ``self.sub.buf`` (``anywhere``) with plain
+        slices, some bound not a literal."""
         value = node.value
-        if not (isinstance(value, cst.Attribute) and m.matches(value.value, m.Name(owner))
-                and value.attr.value in buffers):
+        if not isinstance(value, cst.Attribute):
+            return False
+        if m.matches(value.value, m.Name(owner)):
+            if value.attr.value not in buffers:
+                return False
+        elif not (_rooted_at(value.value, owner) and value.attr.value in anywhere):
             return False
         parts = [element.slice for element in node.slice]
         if not all(isinstance(p, cst.Slice) and p.step is None for p in parts):

@@ -92,22 +92,25 @@ def test_list_output(capsys: pytest.CaptureFixture[str]) -> None:
                       key=lambda name: tuple(int(n) for n in name[1:].split("_")))
     assert lines["t5"] == ("t5: transformers transformers/models/t5/modeling_t5.py; verified releases: "
                            + ", ".join(v[1:].replace("_", ".") for v in verified)
-                           + "; any other release converts unverified, with a warning")
+                           + "; any other release is checked against its stock code before it is written")
     for family in ("bart", "bert", "gpt2", "roberta"):
         assert lines[family] == (f"{family}: transformers transformers/models/{family}/modeling_{family}.py; "
-                                 "verified releases: 4.5.1; any other release converts unverified, with a warning")
+                                 "verified releases: 4.5.1; any other release is checked against its stock code "
+                                 "before it is written")
     from converter.recipes import load_recipes
 
     assert sorted(lines) == sorted(load_recipes())
 
 
-def test_an_unverified_release_converts_with_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unverified_release_accepted_unchecked_converts_with_a_warning(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
     """4.18.0 (between the verified 4.15.0 and 4.20.1) converts by the recipe's release ranges, and says so."""
     out = tmp_path / "out"
     assert main(["t5", "--version", "4.18.0", "--cache-dir", str(SOURCE_CACHE), "--from", "cache", "--no-verify",
-                 "--output-dir", str(out)]) == 0
+                 "--accept-unverified", "--output-dir", str(out)]) == 0
     err = capsys.readouterr().err
     assert "convert-model: transformers 4.18.0 is unverified (verified: 4.5.1, " in err
+    assert "written unchecked (--accept-unverified)" in err
     code = (out / "t5/v4_18_0/modeling_t5.py").read_text()
     assert "# UNVERIFIED: transformers 4.18.0 is not among the recipe's verified releases\n" in code
     compile(code, "modeling_t5.py", "exec")
@@ -203,7 +206,7 @@ def test_installed_distribution_of_another_version_is_not_used(tmp_path: Path,
     args = ["t5", "--version", "4.6.0", "--from", "installed", "--cache-dir", str(tmp_path / "c"),
             "--output-dir", str(tmp_path / "out")]
     assert main(args) == 2
-    assert "not found in the installed source" in one_error_line(capsys)
+    assert "the installed transformers is release 4.5.1 (in " in one_error_line(capsys)
     assert not (tmp_path / "out").exists()
 
 

@@ -59,3 +59,25 @@ def test_the_rewrite_traces_with_fx_and_computes_what_slicing_did() -> None:
         assert "slice indices must be integers" in str(error)
     else:
         raise AssertionError("the original traces: the test proves nothing")
+
+
+EMBEDDINGS = """\
+class Embeddings(nn.Module):
+    def __init__(self):
+        self.register_buffer("token_type_ids", torch.zeros((1, 8), dtype=torch.long))
+
+
+class Model(nn.Module):
+    def forward(self, input_ids):
+        seq_length = input_ids.shape[1]
+        ids = self.embeddings.token_type_ids[:, :seq_length]
+        table = self.embeddings.table[:, :seq_length] + self.token_type_ids[:, :seq_length]
+        return ids, table, other.embeddings.token_type_ids[:, :seq_length]
+"""
+
+
+def test_a_submodules_buffer_is_rewritten_too() -> None:
+    """BERT 4.10's BertModel slices its embeddings' buffer (``self.token_type_ids`` is no buffer of Model's)."""
+    assert_rewrites(BufferSlices, EMBEDDINGS, EMBEDDINGS.replace(
+        "ids = self.embeddings.token_type_ids[:, :seq_length]",
+        "ids = self.embeddings.token_type_ids.narrow(1, 0, seq_length)"))
