@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from common.errors import UserError
+from families import limits
 from families.definition import ClassInfo, FamilyDefinition, InputSpec
 from families.layout import generated_package
 from families.models import MicroBatch, accepted, build_model, import_class, make_inputs
@@ -25,7 +26,10 @@ from families.shapes import check_config_values, config_file_kwargs, make_config
 
 __all__ = ["ModelFamily", "definition", "definitions"]
 
-MAX_TOKENS = 1 << 31  # torch's sizes are int64 and a model's square of them must be too
+MAX_TOKENS = 1 << 31  # tokens of a micro-batch
+# Attention scores are batch x heads x length x length: their bytes must stay far inside int64, which
+# torch's sizes are (a costing on the meta device allocates nothing, but still computes the size).
+MAX_SCORES = 1 << 48
 
 
 def _installed(package: str) -> str:
@@ -117,9 +121,14 @@ class ModelFamily:
         defaults = self.definition.lengths
         sizes = {name: lengths.get(name, default) for name, default in defaults.items()}
         longest = max(sizes.values(), default=1)
-        if batch * longest > MAX_TOKENS:  # torch's sizes are int64 and a model's square of them must be too
-            raise UserError(f"a micro-batch of {batch} x {longest} tokens is too large to cost (at most 2^31 tokens)")
+        if batch * longest > MAX_TOKENS or batch * longest * longest > MAX_SCORES:
+            raise UserError(f"a micro-batch of {batch} x {longest} tokens is too large to cost (at most 2^31 tokens, "
+                            f"and batch x length^2 at most 2^48: attention scores are that large)")
         return MicroBatch(batch, sizes)
+
+    def check_limits(self, config: Any, micro_batch: MicroBatch, where: str) -> None:
+        """``config`` and ``micro_batch`` are within what the family's models take (its ``[model.limits]``)."""
+        limits.check(self.definition.limits, config, micro_batch.lengths, where)
 
     def input_specs(self, class_name: str) -> tuple[InputSpec, ...]:
         return accepted(self.definition.inputs, self.model_class(class_name).forward)
