@@ -77,6 +77,7 @@ class IPUTarget:
                             "options file on a machine with the Poplar SDK (drop --run or --target ipu)")
         if request.stages is not None and options.ipus is not None and request.stages != options.ipus:
             raise UserError(f"--stages {request.stages} and --ipus {options.ipus} disagree: one stage per IPU")
+        _check_static(family.config(request.shape, request.config).to_dict(), "the model's config")
         config = ipu_config(options, family.definition, stages=request.stages, batch=request.batch)
         granularity = 1 if request.granularity == grain.AUTO else request.granularity  # placement takes whole layers
         # PopTorch runs the model as traced: a value crossing IPUs is sent, never recomputed.
@@ -94,6 +95,10 @@ class IPUTarget:
     def outputs(self, request: Request, plan: Plan) -> tuple[list[str], dict[Path, bytes]]:
         options = _options(request)
         _refuse_edited(options)
+        if options.ipu_plan is not None:
+            _check_planned(request, plan, options.ipu_plan)
+        model_config = plan.model.get("config")
+        _check_static(model_config if isinstance(model_config, dict) else {}, "the plan's model config")
         family = _model_field(plan, "family")
         definition = definitions().get(family)  # an unknown family is refused by roles_for, naming the known ones
         config = ipu_config(options, definition, batch=request.batch, planned=plan)
@@ -173,6 +178,33 @@ def _refuse_edited(options: IPUOptions) -> None:
     """A file of ours that its user edited (and so dropped its @generated line) is theirs: never replaced."""
     for flag, path in (("--ipu-code", options.ipu_code), ("--ipu-options", options.ipu_options)):
         generated.refuse_foreign(path, "partition-model", f"keep it and give another {flag}, or move it away")
+
+
+def _check_static(config: dict[str, Any], where: str) -> None:
+    """PopTorch compiles one static graph: no layer may be skipped at random (transformers' ``*layerdrop``)."""
+    for key, value in config.items():
+        if key.endswith("layerdrop") and value not in (0, 0.0, None):
+            raise IPUError(f"{where} sets {key} = {value!r:.20}: PopTorch runs one static graph, which cannot skip "
+                           f"layers at random", hint=f"set {key} to 0 for the IPU")
+
+
+def _check_planned(request: Request, plan: Plan, path: Path) -> None:
+    """The plan is of the model the command names: its family and release, and its shape, class and lengths where
+    the command gives them (those it leaves out are the plan's)."""
+    model = plan.model
+    micro_batch = model.get("micro_batch")
+    lengths = micro_batch.get("lengths") if isinstance(micro_batch, dict) else None
+    named = {"family": request.family, "version": request.version, "class": request.class_name,
+             "shape": request.shape or (str(request.config) if request.config else None)}
+    for key, wanted in named.items():
+        if wanted is not None and model.get(key) != wanted:
+            raise IPUError(f"--ipu-plan {path} is a plan for {key} {model.get(key)!r:.60}, not {wanted!r:.60} as the "
+                           f"command names: give the plan's {key} or re-plan")
+    for name, size in request.lengths.items():
+        if not isinstance(lengths, dict) or lengths.get(name) != size:
+            found = lengths.get(name) if isinstance(lengths, dict) else None
+            raise IPUError(f"--ipu-plan {path} was costed for a {name} length of {found!r:.20}, not {size}: give the "
+                           f"plan's lengths or re-plan")
 
 
 def _options(request: Request) -> IPUOptions:
