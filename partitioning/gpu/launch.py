@@ -33,7 +33,7 @@ def _torchrun(command: list[str], env: dict[str, str]) -> None:
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                              start_new_session=True)
     tail: list[str] = []
-    reported: list[str] = []  # a rank's own one-line error says more than torchrun's summary after it
+    reported: list[str] = []  # a rank's own one-line error says more than torchrun's summary; the first is the cause
     try:
         assert child.stdout is not None
         for line in child.stdout:
@@ -50,7 +50,7 @@ def _torchrun(command: list[str], env: dict[str, str]) -> None:
             child.stdout.close()
     if child.returncode:
         raise UserError(f"the pipelined run failed (torchrun exit {child.returncode}): "
-                        f"{reported[-1] if reported else _failure(tail)}")
+                        f"{reported[0] if reported else _failure(tail)}")
 
 
 def _stop(child: subprocess.Popen[str]) -> None:
