@@ -46,4 +46,9 @@ def literal_text(text: str) -> str:
     Python string literal, which shows every character and executes nothing.
     """
     plain = text.isprintable() and "\\" not in text and '"""' not in text and "'''" not in text
-    return text if plain else repr(text)
+    if plain:
+        return text
+    quoted = repr(text)
+    if quoted.startswith('"'):  # repr chose double quotes (the text has a ' but no "): use single ones
+        quoted = "'" + quoted[1:-1].replace("'", "\\'") + "'"
+    return "'" + quoted[1:-1].replace('"', '\\"') + "'"  # no " left to close a docstring

@@ -32,13 +32,15 @@ MAX_TOKENS = 1 << 31  # tokens of a micro-batch
 MAX_SCORES = 1 << 48
 
 
-def _installed(package: str) -> str:
-    from importlib import metadata
+def _installed(package: str) -> tuple[str, str]:
+    """The release of ``package`` that imports here (PYTHONPATH may shadow the installed one), and where from."""
+    import importlib
 
     try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "not installed"
+        module = importlib.import_module(package)
+    except Exception as exc:  # noqa: BLE001 (a package may fail to import any way; only its release matters)
+        return "none that imports", f"{type(exc).__name__}: {exc}"[:120]
+    return str(getattr(module, "__version__", "of unknown release")), str(getattr(module, "__file__", "?"))
 
 
 class ModelFamily:
@@ -46,6 +48,7 @@ class ModelFamily:
 
     def __init__(self, definition: FamilyDefinition, version: str) -> None:
         self.definition, self.version = definition, version
+        self._checked_release = False
 
     @classmethod
     def load(cls, name: str, version: str) -> ModelFamily:
@@ -69,15 +72,27 @@ class ModelFamily:
     def training_classes(self) -> list[str]:
         return [name for name, info in self.definition.classes.items() if info.trains]
 
+    def require_release(self) -> None:
+        """The package whose models and configs this release's generated code uses is that very release."""
+        if self._checked_release:
+            return
+        package = self.definition.package
+        installed, where = _installed(package)
+        if installed != self.version:
+            raise UserError(f"{self.package} was generated from {package} {self.version}, but the {package} that "
+                            f"imports here is {installed} ({where})",
+                            hint=f"run with {package} {self.version} (e.g. PYTHONPATH=.venv/transformers/"
+                                 f"{self.version}, see docs/setup.md) or give --version {installed}")
+        self._checked_release = True
+
     def model_class(self, class_name: str) -> type:
         self.class_info(class_name)
+        self.require_release()
         try:
             return import_class(self.package, class_name, f"no generated model {self.package} (run: convert-model "
                                                           f"{self.name} --version {self.version})")
-        except ImportError as exc:  # generated code of one release imports that release's package
-            installed = _installed(self.definition.package)
-            raise UserError(f"{self.package} does not import ({type(exc).__name__}: {exc}): it was generated from "
-                            f"{self.definition.package} {self.version}, the installed one is {installed}") from None
+        except ImportError as exc:
+            raise UserError(f"{self.package} does not import ({type(exc).__name__}: {exc})") from None
 
     def build(self, class_name: str, config: Any, device: str | torch.device = "meta") -> torch.nn.Module:
         """A generated ``class_name`` in training mode, built directly on ``device``."""
@@ -87,6 +102,7 @@ class ModelFamily:
         """The config of a named shape (default: the family's) or of a HuggingFace config file."""
         if shape is not None and config_file is not None:
             raise UserError("give a shape name or a config file, not both")
+        self.require_release()
         if config_file is not None:
             kwargs = config_file_kwargs(config_file)
             if not set(kwargs) & set(self.sizes()):
