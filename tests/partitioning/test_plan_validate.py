@@ -282,3 +282,21 @@ def test_an_edited_ipu_module_is_kept(work, capsys):
     rejected(ipu("--config", "t5.json", "--ipu-code", "a.py", "--ipu-options", "a.conf"), work, capsys,
              "refusing to replace a.py: partition-model did not write it")
     assert (work / "a.py").read_text() == edited
+
+
+# -- save_pretrained of a stateless model ------------------------------------------------------------------------------
+
+def test_stateless_model_saves_a_stock_checkpoint(tmp_path):
+    """Was: a checkpoint without the embedding; from_pretrained re-initialized wte and lm_head with a log line."""
+    import torch
+    from transformers import GPT2Config
+
+    from generated_models.gpt2.v4_5_1.modeling_gpt2 import GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(**{k: v for k, v in GPT2.items() if k != "model_type"})).make_stateless()
+    model.save_pretrained(tmp_path)
+    loaded = GPT2LMHeadModel.from_pretrained(tmp_path)
+    assert torch.equal(loaded.transformer.wte.weight, model.shared_embed_weight)
+    assert torch.equal(loaded.lm_head.weight, model.shared_embed_weight)
+    assert "save_pretrained" not in model.make_stateful().__dict__  # the stateful form saves as the class does
