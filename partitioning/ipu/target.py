@@ -20,6 +20,7 @@ from families.definition import FamilyDefinition
 from families.family import ModelFamily
 from families.registry import definitions
 from partitioning.cost import granularity as grain
+from partitioning.files import check_destinations
 from partitioning.ipu.codegen import render
 from partitioning.ipu.config import IPUConfig
 from partitioning.ipu.errors import IPUError
@@ -71,6 +72,7 @@ class IPUTarget:
 
     def check(self, request: Request, family: ModelFamily) -> Request:
         options = _options(request)
+        check_destinations(self.writes(request), self.reads(request))  # a directory, an input: said first
         _refuse_edited(options)
         if request.run:
             raise UserError("--run trains with torch.distributed.pipelining; for IPUs use the generated code and "
@@ -190,14 +192,14 @@ def _check_static(config: dict[str, Any], where: str) -> None:
 
 def _check_planned(request: Request, plan: Plan, path: Path) -> None:
     """The plan is of the model the command names: its family and release, and its shape, class and lengths where
-    the command gives them (those it leaves out are the plan's)."""
+    the command gives them (those it leaves out are the plan's).  A field that names nothing is _model_field's."""
     model = plan.model
     micro_batch = model.get("micro_batch")
     lengths = micro_batch.get("lengths") if isinstance(micro_batch, dict) else None
     named = {"family": request.family, "version": request.version, "class": request.class_name,
              "shape": request.shape or (str(request.config) if request.config else None)}
     for key, wanted in named.items():
-        if wanted is not None and model.get(key) != wanted:
+        if wanted is not None and isinstance(model.get(key), str) and model.get(key) != wanted:
             raise IPUError(f"--ipu-plan {path} is a plan for {key} {model.get(key)!r:.60}, not {wanted!r:.60} as the "
                            f"command names: give the plan's {key} or re-plan")
     for name, size in request.lengths.items():
