@@ -10,6 +10,7 @@ The knowledge itself is data in ``families/recipe_data/<family>.toml``.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,13 @@ class ModelFamily:
         """The package whose models and configs this release's generated code uses is that very release."""
         if self._checked_release:
             return
+        try:  # no package of this release at all is said first: convert-model makes it
+            found = importlib.util.find_spec(self.package) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            raise UserError(f"no generated model {self.package} (run: convert-model {self.name} --version "
+                            f"{self.version})")
         package = self.definition.package
         installed, where = _installed(package)
         if installed != self.version:
