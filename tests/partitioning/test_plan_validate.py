@@ -217,7 +217,7 @@ def test_refuse_foreign(tmp_path):
 
 # -- the IPU target ----------------------------------------------------------------------------------------------------
 
-def ipu(*argv: str) -> list[str]:
+def ipu(*argv: str) -> list[str]:  # tiny T5 on 2 IPUs
     return ["t5", "--version", "4.5.1", "--target", "ipu", "--ipus", "2", "--batch", "1", "--source-len", "8",
             "--target-len", "4", *argv]
 
@@ -272,8 +272,7 @@ def test_hostile_text_stays_literal_in_generated_files(work, capsys):
 
 def test_an_edited_ipu_module_is_kept(work, capsys):
     assert cli.main(ipu("--config", "t5.json", "--ipu-code", "a.py", "--ipu-options", "a.conf")) == 0
-    generated_code = (work / "a.py").read_text()
-    assert generated.is_generated(generated_code)
+    assert generated.is_generated(generated_code := (work / "a.py").read_text())
     assert cli.main(ipu("--config", "t5.json", "--ipu-code", "a.py", "--ipu-options", "a.conf")) == 0  # still ours
     edited = "".join(generated_code.splitlines(keepends=True)[1:]) + "# my change\n"  # as the file tells its user
     (work / "a.py").write_text(edited)
