@@ -119,6 +119,8 @@ def positive_number(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    if value < sys.float_info.min:  # subnormal: anything divided by it overflows to infinity
+        raise argparse.ArgumentTypeError(f"{text!r} is too close to 0 (at least {sys.float_info.min:.3g})")
     return value
 
 

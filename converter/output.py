@@ -10,6 +10,7 @@ import difflib
 import os
 from pathlib import Path, PurePosixPath
 
+from common import generated
 from common.atomic import is_temporary
 from common.errors import UserError
 from common.files import read_capped
@@ -56,9 +57,7 @@ def refuse_foreign(root: Path, changed: dict[PurePosixPath, str], current: dict[
         path = root / rel
         # Read again when it was missing: a concurrent run may have written it meanwhile.
         text = current[rel] if current[rel] is not None else read_current(path)
-        if os.path.lexists(path) and (text is None or "@generated" not in text.partition("\n")[0]):
-            raise UserError(f"refusing to replace {path}: convert-model did not write it (no @generated header)",
-                               hint="move it away or pass another --output-dir")
+        generated.refuse_foreign(path, "convert-model", "move it away or pass another --output-dir", text)
 
 
 def extras(root: Path, files: dict[PurePosixPath, str]) -> list[Path]:

@@ -36,6 +36,7 @@ from typing import Any
 
 from common.errors import UserError
 from common.schema import OptionError, convert, fail, parse_options, read
+from families.limits import LimitsSection
 from families.sections import (
     BATCH,
     ArgumentName,
@@ -158,6 +159,7 @@ class FamilyDefinition:
     default_shape: str
     shared: dict[str, tuple[SharedWeight, ...]] = field(default_factory=dict)  # class -> its shared weights
     verify_shape: str = ""  # the shape convert-model's fx check builds (default: default_shape)
+    limits: LimitsSection = field(default_factory=LimitsSection)  # what the models can take ([model.limits])
     # The targets' own sections, as the recipe gives them (TARGET_SECTIONS), and the recipe they come from.
     sections: Mapping[str, Any] = field(default_factory=dict)
     origin: str = ""
@@ -221,7 +223,7 @@ def parse_definition(data: Mapping[str, Any], origin: str) -> FamilyDefinition |
                             tuple(_input(name, entry) for name, entry in document.pipeline.inputs.items()),
                             _chain(document.pipeline), shapes, shapes_section.default,
                             _shared_weights(where, data.get("transforms", []), classes),
-                            shapes_section.verify or shapes_section.default, targets, origin)
+                            shapes_section.verify or shapes_section.default, document.model.limits, targets, origin)
 
 
 def _classes(document: DefinitionDocument) -> dict[str, ClassInfo]:

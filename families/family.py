@@ -10,6 +10,7 @@ The knowledge itself is data in ``families/recipe_data/<family>.toml``.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from common.errors import UserError
+from families import limits
 from families.definition import ClassInfo, FamilyDefinition, InputSpec
 from families.layout import generated_package
 from families.models import MicroBatch, accepted, build_model, import_class, make_inputs
@@ -25,16 +27,21 @@ from families.shapes import check_config_values, config_file_kwargs, make_config
 
 __all__ = ["ModelFamily", "definition", "definitions"]
 
-MAX_TOKENS = 1 << 31  # torch's sizes are int64 and a model's square of them must be too
+MAX_TOKENS = 1 << 31  # tokens of a micro-batch
+# Attention scores are batch x heads x length x length: their bytes must stay far inside int64, which
+# torch's sizes are (a costing on the meta device allocates nothing, but still computes the size).
+MAX_SCORES = 1 << 48
 
 
-def _installed(package: str) -> str:
-    from importlib import metadata
+def _installed(package: str) -> tuple[str, str]:
+    """The release of ``package`` that imports here (PYTHONPATH may shadow the installed one), and where from."""
+    import importlib
 
     try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "not installed"
+        module = importlib.import_module(package)
+    except Exception as exc:  # noqa: BLE001 (a package may fail to import any way; only its release matters)
+        return "none that imports", f"{type(exc).__name__}: {exc}"[:120]
+    return str(getattr(module, "__version__", "of unknown release")), str(getattr(module, "__file__", "?"))
 
 
 class ModelFamily:
@@ -42,6 +49,7 @@ class ModelFamily:
 
     def __init__(self, definition: FamilyDefinition, version: str) -> None:
         self.definition, self.version = definition, version
+        self._checked_release = False
 
     @classmethod
     def load(cls, name: str, version: str) -> ModelFamily:
@@ -65,15 +73,34 @@ class ModelFamily:
     def training_classes(self) -> list[str]:
         return [name for name, info in self.definition.classes.items() if info.trains]
 
+    def require_release(self) -> None:
+        """The package whose models and configs this release's generated code uses is that very release."""
+        if self._checked_release:
+            return
+        try:  # no package of this release at all is said first: convert-model makes it
+            found = importlib.util.find_spec(self.package) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            raise UserError(f"no generated model {self.package} (run: convert-model {self.name} --version "
+                            f"{self.version})")
+        package = self.definition.package
+        installed, where = _installed(package)
+        if installed != self.version:
+            raise UserError(f"{self.package} was generated from {package} {self.version}, but the {package} that "
+                            f"imports here is {installed} ({where})",
+                            hint=f"run with {package} {self.version} (e.g. PYTHONPATH=.venv/transformers/"
+                                 f"{self.version}, see docs/setup.md) or give --version {installed}")
+        self._checked_release = True
+
     def model_class(self, class_name: str) -> type:
         self.class_info(class_name)
+        self.require_release()
         try:
             return import_class(self.package, class_name, f"no generated model {self.package} (run: convert-model "
                                                           f"{self.name} --version {self.version})")
-        except ImportError as exc:  # generated code of one release imports that release's package
-            installed = _installed(self.definition.package)
-            raise UserError(f"{self.package} does not import ({type(exc).__name__}: {exc}): it was generated from "
-                            f"{self.definition.package} {self.version}, the installed one is {installed}") from None
+        except ImportError as exc:
+            raise UserError(f"{self.package} does not import ({type(exc).__name__}: {exc})") from None
 
     def build(self, class_name: str, config: Any, device: str | torch.device = "meta") -> torch.nn.Module:
         """A generated ``class_name`` in training mode, built directly on ``device``."""
@@ -83,6 +110,7 @@ class ModelFamily:
         """The config of a named shape (default: the family's) or of a HuggingFace config file."""
         if shape is not None and config_file is not None:
             raise UserError("give a shape name or a config file, not both")
+        self.require_release()
         if config_file is not None:
             kwargs = config_file_kwargs(config_file)
             if not set(kwargs) & set(self.sizes()):
@@ -117,9 +145,14 @@ class ModelFamily:
         defaults = self.definition.lengths
         sizes = {name: lengths.get(name, default) for name, default in defaults.items()}
         longest = max(sizes.values(), default=1)
-        if batch * longest > MAX_TOKENS:  # torch's sizes are int64 and a model's square of them must be too
-            raise UserError(f"a micro-batch of {batch} x {longest} tokens is too large to cost (at most 2^31 tokens)")
+        if batch * longest > MAX_TOKENS or batch * longest * longest > MAX_SCORES:
+            raise UserError(f"a micro-batch of {batch} x {longest} tokens is too large to cost (at most 2^31 tokens, "
+                            f"and batch x length^2 at most 2^48: attention scores are that large)")
         return MicroBatch(batch, sizes)
+
+    def check_limits(self, config: Any, micro_batch: MicroBatch, where: str) -> None:
+        """``config`` and ``micro_batch`` are within what the family's models take (its ``[model.limits]``)."""
+        limits.check(self.definition.limits, config, micro_batch.lengths, where)
 
     def input_specs(self, class_name: str) -> tuple[InputSpec, ...]:
         return accepted(self.definition.inputs, self.model_class(class_name).forward)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from common.schema import NON_EMPTY, Check, OptionError, PositiveInt, pattern
+from families.limits import LimitsSection
 
 BATCH = "batch"  # the batch dimension in an input's shape
 _LENGTH = re.compile(r"[a-z][a-z0-9]*")
@@ -56,6 +57,7 @@ class ModelSection:
     config: Annotated[str, pattern(IDENTIFIER, "a class name")]
     default_class: str
     classes: dict[str, ClassEntry]
+    limits: LimitsSection = field(default_factory=LimitsSection)
 
 
 @dataclass(frozen=True)

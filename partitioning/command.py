@@ -87,6 +87,7 @@ def _plan(request: Request, target: Target) -> tuple[Request, list[str], dict[Pa
     class_name = request.class_of(family.definition)
     model_config = family.config(request.shape, request.config)
     micro_batch = family.micro_batch(request.batch, dict(request.lengths))
+    family.check_limits(model_config, micro_batch, _where(request, family))
     settings = Settings(device_flops=request.device_flops * 1e12, bandwidth=request.bandwidth * 1e9,
                         memory_limit=request.memory_gb * 1e9 if request.memory_gb is not None else None,
                         micro_batches=request.micro_batches, schedule=request.schedule,
@@ -138,6 +139,11 @@ def _plan(request: Request, target: Target) -> tuple[Request, list[str], dict[Pa
     return request, report + placed, {**files, **placed_files}
 
 
+def _where(request: Request, family: ModelFamily) -> str:
+    """Where the model's config came from, for its errors."""
+    return f"config {request.config}" if request.config else f"shape {request.shape_of(family.definition)}"
+
+
 def _calibration(path: Path) -> Calibration:
     return Calibration.from_json(read_text(path, "calibration", MAX_CALIBRATION_BYTES), str(path))
 
@@ -160,6 +166,7 @@ def _calibrate(request: Request, target: Target) -> str:
         torch.set_num_threads(request.threads)
     config = family.config(request.shape, request.config)
     micro_batch = family.micro_batch(request.batch or DEFAULT_BATCH, dict(request.lengths))
+    family.check_limits(config, micro_batch, _where(request, family))
     shape = request.shape_of(family.definition)
     torch.manual_seed(0)
     model = family.build(class_name, config, request.device)

@@ -9,6 +9,7 @@ layer that receives it as its first forward argument.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -90,7 +91,33 @@ def make_stateless(model: nn.Module, *, shared: str, weight: str, users: Sequenc
     model.__dict__["_shared_weight_spec"] = spec
     # load_state_dict of a stock (HF-keyed) checkpoint keeps working.
     model.__dict__["_shared_weight_hook"] = model._register_load_state_dict_pre_hook(_LoadHFKeys(spec))
+    if callable(getattr(type(model), "save_pretrained", None)):  # shadows the class's, until make_stateful
+        model.__dict__["save_pretrained"] = _SaveStock(model)
     return model
+
+
+class _SaveStock:
+    """``save_pretrained`` of a stateless model: the stock checkpoint (HF keys, :func:`stateful_state_dict`).
+
+    The class's own would save ``state_dict()``, which holds the shared weight under the stateless form's
+    name only: ``from_pretrained`` then finds no embedding and initializes it anew, with only a log line.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        save = type(self.model).save_pretrained.__get__(self.model)
+        try:
+            bound = inspect.signature(save).bind(*args, **kwargs)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"save_pretrained: {exc}") from None
+        if "state_dict" not in inspect.signature(save).parameters:
+            raise ValueError("save_pretrained of a stateless model cannot be given the stock state dict here: "
+                             "call make_stateful() first, or save stateful_state_dict(model) yourself")
+        if bound.arguments.get("state_dict") is None:
+            bound.arguments["state_dict"] = stateful_state_dict(self.model)
+        return save(*bound.args, **bound.kwargs)
 
 
 @dataclass(frozen=True)
@@ -140,6 +167,7 @@ def make_stateful(model: nn.Module) -> nn.Module:
     owner._modules = {name: owner._modules[name] for name in spec.module_order if name in owner._modules} | {
         name: module for name, module in owner._modules.items() if name not in spec.module_order}
     model.__dict__.pop("_shared_weight_hook").remove()
+    model.__dict__.pop("save_pretrained", None)
     del model.__dict__["_shared_weight_spec"]
     return model
 

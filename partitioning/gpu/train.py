@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,7 @@ def rebuild(described: dict) -> tuple[torch.nn.Module, Any, list[InputSpec], Mic
         config = make_config(family.definition.config_path, described["config"])
         specs = [InputSpec.from_dict(spec) for spec in described["inputs"]]
         micro_batch = MicroBatch.from_dict(described["micro_batch"])
+        family.check_limits(config, micro_batch, "the plan's model config")
     except KeyError as exc:
         raise UserError(f"the plan does not say how to rebuild its model (no {exc}): "
                         f"re-plan with partition-model") from None
@@ -114,9 +116,22 @@ def main(argv: list[str] | None = None) -> int:
             print(line, flush=True)
     except (UserError, OSError) as exc:
         return report(rank, exc)
+    except Exception as exc:  # noqa: BLE001 (anything else: its traceback in the rank's log, then one line for launch)
+        traceback.print_exc()
+        print(f"{rank}: error: {_cause(exc)}", file=sys.stderr, flush=True)
+        return 1
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def _cause(exc: BaseException) -> str:
+    """The innermost exception that ``exc`` was raised from (the pipelining engine wraps a stage's), in one line."""
+    root = exc
+    while root.__cause__ is not None:
+        root = root.__cause__
+    text = f"{type(root).__name__}: {' '.join(str(root).split())[:300] or '(no message)'}"
+    return text if root is exc else f"{text} (raised as {type(exc).__name__}: {' '.join(str(exc).split())[:80]})"
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from common.errors import UserError
 from common.files import read_json_object
+from common.generated import literal_text
 from common.schema import Check, OptionError, PositiveInt, Proportion, Wording, convert, fail, read, show_json
 from partitioning.ipu.errors import IPUError, require_poptorch
 
@@ -197,7 +198,7 @@ class IPUConfig:
         it with only ``poptorch`` and ``options`` in scope, hence the
         ``poptorch.`` prefixes and ``__import__("torch")`` for a dtype.
         """
-        lines = [f"# {title}",
+        lines = [f"# {literal_text(title)}",
                  '# Load with: opts = poptorch.Options(); opts.loadFromFile("<this file>")']
         for path, args in self.option_calls():
             lines.append(f"{path}({', '.join(_render(arg) for arg in args)})")

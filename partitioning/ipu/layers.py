@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from partitioning.ipu.errors import IPUError
-from partitioning.plan import Block, block_layers
+from partitioning.plan import Block, block_layers, layer_of
 
 
 def expand_layers_per_ipu(layers_per_ipu: Sequence[int], num_layers: int) -> list[int]:
@@ -79,3 +79,21 @@ def recompute_blocks(blocks: Sequence[Block], layer_lists: Sequence[str]) -> lis
             last[layer.rpartition(".")[0]] = block.name
     return [block.name for block in blocks
             if block_layers(block, layer_lists) and block.name not in last.values()]
+
+
+def ipu_layer_counts(placed: Sequence[tuple[Block, int]], layer_lists: Sequence[str], ipus: int) -> list[int] | str:
+    """The layers on each IPU, given each block's IPU; or, where a layer's sub-layers are on several IPUs (a
+    sub-layer plan), why ``layers_per_ipu`` cannot say it (optimum-graphcore places whole layers)."""
+    ipus_of: dict[str, set[int]] = {}
+    for block, ipu in placed:
+        for module in block.modules:
+            layer = layer_of(module, layer_lists)
+            if layer is not None:
+                ipus_of.setdefault(layer, set()).add(ipu)
+    counts = [0] * ipus
+    for layer, found in ipus_of.items():
+        if len(found) > 1:
+            return (f"none (the plan splits layer {layer} over IPUs {', '.join(map(str, sorted(found)))}; "
+                    f"optimum-graphcore places whole layers)")
+        counts[found.pop()] += 1
+    return counts

@@ -25,7 +25,7 @@ from partitioning.ipu.annotate import Annotation, Unit, annotate, consumer_block
 from partitioning.ipu.config import IPUConfig
 from partitioning.ipu.costs import block_shares, rebalance, restage
 from partitioning.ipu.errors import IPUError
-from partitioning.ipu.layers import count_layers, manual_stages, recompute_blocks
+from partitioning.ipu.layers import count_layers, ipu_layer_counts, manual_stages, recompute_blocks
 from partitioning.ipu.memory import IPU_MEMORY_BYTES, MemoryModel, MemoryTerms, Projection, StageLoad
 from partitioning.ipu.roles import Roles
 from partitioning.ipu.rules import validate
@@ -164,15 +164,12 @@ class Placement:
         return [IPUCost(ipu, compute[ipu], stage.compute, self.memory.terms(loads, n, proportions[ipu]))
                 for ipu, (stage, loads) in enumerate(zip(self.stages, self.stage_loads()))]
 
-    def layers_per_ipu(self) -> list[int]:
-        """The placement in optimum-graphcore's ``layers_per_ipu`` form: the layers each IPU runs."""
-        counts = [0] * self.ipus
+    def layers_per_ipu(self) -> list[int] | str:
+        """The placement in optimum-graphcore's ``layers_per_ipu`` form, or why it has none (a layer split)."""
         layer_lists = self.roles.layer_lists if self.roles else ()
         by_name = {block.name: block for block in self.plan.blocks}
-        for unit, ipu in zip(self.units, self.unit_ipus()):
-            if unit.block is not None:
-                counts[ipu] += count_layers([by_name[unit.block]], layer_lists)
-        return counts
+        placed = [(by_name[unit.block], ipu) for unit, ipu in zip(self.units, self.unit_ipus()) if unit.block]
+        return ipu_layer_counts(placed, layer_lists, self.ipus)
 
     @property
     def bottleneck(self) -> float:

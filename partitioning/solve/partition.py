@@ -119,6 +119,10 @@ def partition(blocks: Sequence[Block], stages: int, settings: Settings, model: d
         other = _optimal(blocks, stages, sent, model or {})
         if other is not None and (plan is None or other.bottleneck < plan.bottleneck):
             plan, costs = other, sent
+    if plan is None and settings.memory_limit is None or plan is not None and not math.isfinite(plan.bottleneck):
+        raise UserError(f"the stage times overflow (device {settings.device_flops:.3g} FLOP/s, link "
+                        f"{settings.bandwidth:.3g} B/s, memory {settings.memory_bandwidth:.3g} B/s): "
+                        f"give realistic --device-flops, --bandwidth and --memory-bandwidth")
     if plan is None:
         raise UserError(_memory_diagnosis(blocks, stages, costs))
     segments, start = [], 0
