@@ -51,7 +51,7 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
             merged[key] = _merge_steps(old, value)
         elif isinstance(old, dict) and isinstance(value, dict):
             merged[key] = _merge(old, value)
-        elif _is_tables(old) and _is_tables(value):
+        elif isinstance(old, list) and isinstance(value, list) and _is_tables(old) and _is_tables(value):
             merged[key] = [*old, *value]
         else:
             merged[key] = value

@@ -24,7 +24,9 @@ the sequence length and a padding mask of another length is cut or padded with "
 Config read: ``sliding_window`` (window masks), ``is_causal`` (5.x, False: the bidirectional mask of
 :mod:`stateless.masks`; windowed: refused).  Refused with a ``ValueError`` naming the argument, as
 in :mod:`stateless.masks`: a cache, mask functions, ``block_sequence_ids``, ``layer_idx``, a
-padding mask that is not 2D.
+padding mask that is not 2D.  ``past_key_values`` defaults to None (HF's has no default): a converted
+model without a cache may call these with the argument folded away (Mistral picks its mask function
+into a local, whose call the specialization cannot resolve).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ torch.fx.wrap("finfo")
 
 
 def create_causal_mask(config: Any, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None,
-                       past_key_values: Any, position_ids: torch.Tensor | None = None, or_mask_function: Any = None,
+                       past_key_values: Any = None, position_ids: torch.Tensor | None = None, or_mask_function: Any = None,
                        and_mask_function: Any = None, block_sequence_ids: Any = None, layer_idx: Any = None,
                        allow_is_causal_skip: bool = True) -> torch.Tensor:
     """HF 5.x's eager causal mask without a cache (same parameters)."""
@@ -56,7 +58,7 @@ def create_causal_mask(config: Any, inputs_embeds: torch.Tensor, attention_mask:
 
 
 def create_sliding_window_causal_mask(config: Any, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None,
-                                      past_key_values: Any, position_ids: torch.Tensor | None = None,
+                                      past_key_values: Any = None, position_ids: torch.Tensor | None = None,
                                       or_mask_function: Any = None, and_mask_function: Any = None,
                                       block_sequence_ids: Any = None, layer_idx: Any = None,
                                       allow_is_causal_skip: bool = True) -> torch.Tensor:
@@ -71,7 +73,8 @@ def create_sliding_window_causal_mask(config: Any, inputs_embeds: torch.Tensor, 
 
 
 def create_causal_mask_v4(config: Any, input_embeds: torch.Tensor, attention_mask: torch.Tensor | None,
-                          cache_position: torch.Tensor, past_key_values: Any, position_ids: torch.Tensor | None = None,
+                          cache_position: torch.Tensor, past_key_values: Any = None,
+                          position_ids: torch.Tensor | None = None,
                           or_mask_function: Any = None, and_mask_function: Any = None) -> torch.Tensor:
     """HF 4.5x's eager causal mask without a cache (same parameters)."""
     _refuse("create_causal_mask", past_key_values, or_mask_function, and_mask_function, None, None, attention_mask)
@@ -79,7 +82,7 @@ def create_causal_mask_v4(config: Any, input_embeds: torch.Tensor, attention_mas
 
 
 def create_sliding_window_causal_mask_v4(config: Any, input_embeds: torch.Tensor, attention_mask: torch.Tensor | None,
-                                         cache_position: torch.Tensor, past_key_values: Any,
+                                         cache_position: torch.Tensor, past_key_values: Any = None,
                                          position_ids: torch.Tensor | None = None, or_mask_function: Any = None,
                                          and_mask_function: Any = None) -> torch.Tensor:
     """HF 4.5x's eager sliding-window causal mask without a cache."""

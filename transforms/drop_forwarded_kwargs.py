@@ -28,6 +28,10 @@ class ForwardedKwargsOptions:
     # attention function, which ignores them): at a call of a function whose `**` parameter is dropped they
     # are dropped too, instead of keeping that parameter.
     unread: tuple[str, ...] = ()
+    # Functions whose `**` parameter stays whatever its uses: called through a registry this module cannot
+    # resolve (an LLM's `attention_interface(..., sliding_window=w)`, eager_attention_forward once the
+    # registry is specialized), they take keywords no call here shows.
+    keep: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for position, name in enumerate(self.annotations):
@@ -67,7 +71,8 @@ class DropForwardedKwargs(Transform):
     pass no extra keywords: that is what dropping the parameter means.  A keyword
     the recipe lists as ``unread`` does not keep the parameter: it goes from the
     calls with it (``self.self_attn(x, position_ids=p)`` -> ``self.self_attn(x)``
-    when only the attention's dropped ``**kwargs`` took it).  Imports
+    when only the attention's dropped ``**kwargs`` took it); a function the
+    recipe lists in ``keep`` keeps its parameter.  Imports
     that only the dropped annotations used go with them.  Lambdas are left alone.
     """
 
@@ -82,7 +87,7 @@ class DropForwardedKwargs(Transform):
         candidates: dict[int, tuple[cst.FunctionDef, list[cst.Arg]]] = {}
         for function in self.index.nodes(cst.FunctionDef):
             param = function.params.star_kwarg
-            if param is not None and self._selected(param):
+            if param is not None and self._selected(param) and function.name.value not in self.options.keep:
                 forwarded = self._forwarding_arguments(function, param)
                 if forwarded is not None:
                     candidates[id(function)] = (function, forwarded)

@@ -9,7 +9,7 @@ family committed for the release is checked here, so a release costs one interpr
 Checks (named cases per family; a failing case does not stop the others), stock with eager attention,
 tiny configs (GQA, tied with rope scaling, untied without; a sliding window shorter than the sequence
 where the family has one), with and without a padding mask, with labels and without:
-  eval, train        outputs torch.equal; train mode, same seed: the loss and every gradient equal
+  eval, train        outputs torch.equal (eval also with packed sequences: position ids, no mask); train mode, same seed: the loss and every gradient equal
   state-dict         stock's keys, in order
   stateless          make_stateless(): eval output, train loss and every gradient equal (the shared one
                      against the embedding's); stateful_state_dict() has stock's keys and values
@@ -30,6 +30,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.export import Dim
@@ -68,13 +69,14 @@ class Family:
             self.generated = importlib.import_module(package)
         else:
             spec = importlib.util.spec_from_file_location(f"{package}_override", generated)
+            assert spec is not None and spec.loader is not None, generated
             self.generated = importlib.util.module_from_spec(spec)
             sys.modules[spec.name] = self.generated
             spec.loader.exec_module(self.generated)
 
     def config(self, name: str):  # noqa: ANN201
         tied = name == "tied"
-        kwargs = dict(vocab_size=61, hidden_size=16, intermediate_size=24, num_attention_heads=4, head_dim=4,
+        kwargs: dict[str, Any] = dict(vocab_size=61, hidden_size=16, intermediate_size=24, num_attention_heads=4, head_dim=4,
                       num_key_value_heads=2 if tied else 1, num_hidden_layers=2 if tied else 3,
                       max_position_embeddings=64, tie_word_embeddings=tied, attention_dropout=0.1,
                       attn_implementation="eager", pad_token_id=0)
@@ -110,6 +112,9 @@ def inputs(mask: str, labels: bool, batch: int = 2, seq: int = 7, seed: int = 0)
     if mask == "padded":  # left padding on the first row
         values["attention_mask"] = torch.ones(batch, seq, dtype=torch.long)
         values["attention_mask"][0, :2] = 0
+    if mask == "packed":  # two sequences packed in the first row, no mask: HF reads the positions
+        values["position_ids"] = torch.arange(seq).repeat(batch, 1)
+        values["position_ids"][0, 3:] -= 3
     if labels:
         values["labels"] = values["input_ids"].clone()
         values["labels"][:, 0] = -100
@@ -147,10 +152,13 @@ def check_eval(family: Family) -> Iterator[Case]:
                 for cls, labels in paths(family):
                     if cls != class_name:
                         continue
-                    for mask in MASKS:
+                    for mask in (*MASKS, "packed"):
                         kwargs = inputs(mask, labels)
+                        # Packed: stock 4.5x with its default use_cache builds a cache and then ignores packing;
+                        # the generated model is stock with use_cache=False (its header says so).
+                        cache = {"use_cache": False} if mask == "packed" else {}
                         with torch.no_grad():
-                            expected, actual = stock_output(reference(**kwargs), kwargs), converted(**kwargs)
+                            expected, actual = stock_output(reference(**kwargs, **cache), kwargs), converted(**kwargs)
                         assert torch.equal(actual, expected), f"labels={labels}/{mask}: outputs differ"
             yield f"{class_name}/{config}", run
 
@@ -184,9 +192,9 @@ def check_stateless(family: Family) -> Iterator[Case]:
         for class_name, labels in paths(family):
             def run(config=config, class_name=class_name, labels=labels) -> None:
                 reference, converted = family.pair(class_name, config)
-                converted.make_stateless()
+                converted.make_stateless()  # type: ignore[operator]
                 shared = "model.embed_tokens.weight" if class_name == family.lm else "embed_tokens.weight"
-                stateful = converted.stateful_state_dict()
+                stateful = converted.stateful_state_dict()  # type: ignore[operator]
                 # Same keys (stateless/sharing.py puts the shared weight's first; loading reads them by name).
                 assert sorted(stateful) == sorted(reference.state_dict()), "stateful_state_dict() keys differ"
                 assert all(torch.equal(stateful[k], v) for k, v in reference.state_dict().items()), "values differ"
@@ -200,7 +208,8 @@ def check_stateless(family: Family) -> Iterator[Case]:
                 grads = {name: p.grad for name, p in reference.named_parameters()}
                 grads["shared_embed_weight"] = grads.pop(shared)
                 compare_gradients(converted, grads)
-                assert converted.shared_embed_weight.grad.abs().sum() > 0, "shared weight got no gradient"
+                grad = converted.get_parameter("shared_embed_weight").grad
+                assert grad is not None and grad.abs().sum() > 0, "shared weight got no gradient"
             yield f"{class_name}/{'labels' if labels else 'logits'}/{config}", run
 
 
