@@ -18,6 +18,10 @@ say which releases it applies to and override options for release ranges::
     [[transforms.overrides]]         # later matching overrides win
     versions = ">=4.17"
     methods = ["get_extended_attention_mask", "create_extended_attention_mask_for_decoder"]
+
+A recipe saying ``extends = "llm"`` is read laid over the base ``llm.toml``
+(``families.registry.extend``: tables merge, steps merge by name); a base
+(``base = true``) is no family and is only read that way.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from common.errors import UserError
 from common.schema import OptionError, parse_options
 from common.versions import Release, VersionError, VersionRange
 from families.definition import FamilyDefinition, parse_definition
-from families.registry import parse_document, recipe_documents
+from families.registry import family_documents, parse_document, resolve
 from transforms import REGISTRY
 
 
@@ -219,14 +223,15 @@ def _parse(data: dict[str, Any], origin: str) -> Recipe:
 
 
 def parse_recipe(text: str, origin: str) -> Recipe:
-    """The recipe in TOML ``text``; ``origin`` names the file in errors."""
-    return _parse(parse_document(text, origin), origin)
+    """The recipe in TOML ``text`` (over the base it extends); ``origin`` names the file in errors."""
+    data = parse_document(text, origin)
+    return _parse(resolve(data, origin), origin)
 
 
 def load_recipes() -> dict[str, Recipe]:
     recipes = {}
-    for origin, text in recipe_documents():
-        recipe = parse_recipe(text, origin)
+    for origin, data in family_documents():
+        recipe = _parse(data, origin)
         recipes[recipe.family] = recipe
     return recipes
 

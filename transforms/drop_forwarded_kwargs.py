@@ -23,11 +23,23 @@ class ForwardedKwargsOptions:
     # Qualified names: only a `**` parameter whose annotation names one of them is dropped
     # (e.g. "transformers.utils.TransformersKwargs"); empty, every `**` parameter may be.
     annotations: tuple[str, ...] = ()
+    # Keywords the recipe knows no function reads once they land in a `**` parameter (an LLM decoder layer
+    # passes `position_ids=` and `use_cache=` to an attention whose `**kwargs` only reaches the eager
+    # attention function, which ignores them): at a call of a function whose `**` parameter is dropped they
+    # are dropped too, instead of keeping that parameter.
+    unread: tuple[str, ...] = ()
+    # Functions whose `**` parameter stays whatever its uses: called through a registry this module cannot
+    # resolve (an LLM's `attention_interface(..., sliding_window=w)`, eager_attention_forward once the
+    # registry is specialized), they take keywords no call here shows.
+    keep: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for position, name in enumerate(self.annotations):
             if not all(part.isidentifier() for part in name.split(".")):
                 raise OptionError(f"annotations[{position}]", f"{name!r} is not a qualified name")
+        for position, name in enumerate(self.unread):
+            if not name.isidentifier():
+                raise OptionError(f"unread[{position}]", f"{name!r} is not a keyword")
 
 
 class DropForwardedKwargs(Transform):
@@ -56,7 +68,11 @@ class DropForwardedKwargs(Transform):
     a keyword only ``**name`` accepts or a ``**mapping`` that is not dropped with
     it (decided to a fixed point: a kept parameter keeps the ones it is passed on
     to).  Calls the module cannot resolve, and callers outside it, are assumed to
-    pass no extra keywords: that is what dropping the parameter means.  Imports
+    pass no extra keywords: that is what dropping the parameter means.  A keyword
+    the recipe lists as ``unread`` does not keep the parameter: it goes from the
+    calls with it (``self.self_attn(x, position_ids=p)`` -> ``self.self_attn(x)``
+    when only the attention's dropped ``**kwargs`` took it); a function the
+    recipe lists in ``keep`` keeps its parameter.  Imports
     that only the dropped annotations used go with them.  Lambdas are left alone.
     """
 
@@ -64,23 +80,26 @@ class DropForwardedKwargs(Transform):
     Options = ForwardedKwargsOptions
 
     def focus(self) -> Iterable[cst.CSTNode]:
+        self._unread_arguments: set[int] = set()
+        self._unread_calls: dict[int, cst.Call] = {}
         self._dynamic = [call for call in self.index.nodes(cst.Call)
                          if isinstance(call.func, cst.Name) and self.qualified_names(call) & _DYNAMIC]
         candidates: dict[int, tuple[cst.FunctionDef, list[cst.Arg]]] = {}
         for function in self.index.nodes(cst.FunctionDef):
             param = function.params.star_kwarg
-            if param is not None and self._selected(param):
+            if param is not None and self._selected(param) and function.name.value not in self.options.keep:
                 forwarded = self._forwarding_arguments(function, param)
                 if forwarded is not None:
                     candidates[id(function)] = (function, forwarded)
         if candidates:
             self._settle(candidates)
         self._parameters = {id(function.params) for function, _ in candidates.values()}
-        self._arguments = {id(arg) for _, args in candidates.values() for arg in args}
+        self._arguments = {id(arg) for _, args in candidates.values() for arg in args} | self._unread_arguments
         for function, _ in candidates.values():
             self._remove_imports(function.params.star_kwarg)
         calls = {id(call): call for _, args in candidates.values() for arg in args
                  if isinstance(call := self.index.parent(arg), cst.Call)}
+        calls.update(self._unread_calls)
         return [*(function.params for function, _ in candidates.values()), *calls.values()]
 
     # -- which parameters go ---------------------------------------------------------------------------
@@ -143,12 +162,18 @@ class DropForwardedKwargs(Transform):
                     continue
                 param = function.params.star_kwarg
                 assert param is not None  # a candidate has one
-                extra = _extra_keywords(call, function, param.name.value, dropped)
+                extra = _extra_keywords(call, function, param.name.value, dropped, self.options.unread)
                 if extra is not None:
                     self.report(call, f"**{param.name.value} of {_where(self.index, function)} kept: "
                                       f"this call passes {extra}")
                     del candidates[id(function)]
                     changed = True
+        for call, function in sites:
+            if id(function) in candidates:
+                unread = _unread_arguments(call, function, self.options.unread)
+                self._unread_arguments |= {id(arg) for arg in unread}
+                if unread:
+                    self._unread_calls[id(call)] = call
 
     def _remove_imports(self, param: cst.Param | None) -> None:
         """Schedule the removal of the imports the dropped annotation names (each only if nothing else uses it)."""
@@ -188,16 +213,29 @@ def _where(index: ModuleIndex, function: cst.FunctionDef) -> str:
     return ".".join([*reversed(names), function.name.value])
 
 
-def _extra_keywords(call: cst.Call, function: cst.FunctionDef, name: str, dropped: set[int]) -> str | None:
-    """What ``call`` passes that only ``function``'s ``**name`` may take (said in words), or None."""
+def _named(function: cst.FunctionDef) -> set[str]:
     params = function.params
-    named = {p.name.value for p in (*params.params, *params.kwonly_params)}
+    return {p.name.value for p in (*params.params, *params.kwonly_params)}
+
+
+def _extra_keywords(call: cst.Call, function: cst.FunctionDef, name: str, dropped: set[int],
+                    unread: tuple[str, ...]) -> str | None:
+    """What ``call`` passes that only ``function``'s ``**name`` may take (said in words), or None."""
+    named = _named(function)
     for arg in call.args:
         if arg.star == "**" and id(arg) not in dropped:
             return f"`**{code_of(arg.value)}`, which may hold any keyword"
-        if not arg.star and arg.keyword is not None and arg.keyword.value not in named:
+        if not arg.star and arg.keyword is not None and arg.keyword.value not in named \
+                and arg.keyword.value not in unread:
             return f"`{arg.keyword.value}=`, which only `**{name}` takes"
     return None
+
+
+def _unread_arguments(call: cst.Call, function: cst.FunctionDef, unread: tuple[str, ...]) -> list[cst.Arg]:
+    """The ``unread`` keywords ``call`` passes that only ``function``'s dropped ``**`` parameter took."""
+    named = _named(function)
+    return [arg for arg in call.args if not arg.star and arg.keyword is not None
+            and arg.keyword.value in unread and arg.keyword.value not in named]
 
 
 def _without_star_kwarg(params: cst.Parameters) -> cst.Parameters:

@@ -53,6 +53,10 @@ class LeafCalls(Transform):
         mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=m)                  # before
         mask = stateless.masks.create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=m)  # after
         # with `import stateless.masks`; transformers' import goes once nothing else reads it
+
+    A ``traced`` function referred to without a call (Mistral picks its mask
+    function: ``f = create_causal_mask if w is None else create_sliding_window_causal_mask``)
+    is replaced by its helper there too.
     """
 
     DESCRIPTION = "calls of recipe-named functions -> the same calls through fx leaf helpers (or traceable ones)"
@@ -60,7 +64,25 @@ class LeafCalls(Transform):
 
     def focus(self) -> Iterable[cst.CSTNode]:
         self._used: set[str] = set()
-        return [call for call in self.index.nodes(cst.Call) if self._target(call) is not None]
+        calls = [call for call in self.index.nodes(cst.Call) if self._target(call) is not None]
+        self._references = {id(name): name for name in self.index.nodes(cst.Name) if self._reference(name)}
+        return [*calls, *self._references.values()]
+
+    def _reference(self, name: cst.Name) -> bool:
+        """``name`` refers to a ``traced`` function other than as the callee of a call or in an import."""
+        parent = self.index.parent(name)
+        if isinstance(parent, (cst.ImportAlias, cst.Attribute)) or (isinstance(parent, cst.Call) and parent.func is name):
+            return False
+        names = self.qualified_names(name)
+        return len(names) == 1 and next(iter(names)) in self.options.traced
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        if id(original_node) not in getattr(self, "_references", {}):
+            return updated_node
+        target = next(iter(self.qualified_names(original_node)))
+        AddImportsVisitor.add_needed_import(self.context, self.options.calls[target].rpartition(".")[0])
+        self.remove_unused_import_of(original_node.value)
+        return cst.parse_expression(self.options.calls[target])
 
     def _target(self, call: cst.Call) -> str | None:
         """The qualified name of the mapped function ``call`` calls, if it calls exactly one."""

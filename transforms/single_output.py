@@ -40,8 +40,9 @@ class SingleOutputOptions:
     returns: dict[str, str]  # class name -> the expression its method returns
     method: str = "forward"
     # class name -> {call: index}: its method reads item `index` of what the call (`self.transformer`)
-    # returned, and that call now returns that one item (a model of `returns` used inside another).
-    items: dict[str, dict[str, int]] = field(default_factory=dict)
+    # returned, and that call now returns that one item (a model of `returns` used inside another); a
+    # string names an attribute instead (`outputs.last_hidden_state` of a ModelOutput).
+    items: dict[str, dict[str, int | str]] = field(default_factory=dict)
     # class name -> what it returns to the classes that call it for more than one value (BERT's base model,
     # whose pooled output the pre-training heads read); they pass `flag=True`.
     nested: dict[str, NestedOptions] = field(default_factory=dict)
@@ -89,6 +90,9 @@ class SingleOutput(Transform):
 
         transformer_outputs = self.transformer(input_ids)   # after (items: "self.transformer" = 0)
         hidden_states = transformer_outputs
+
+    An item named by a string is an attribute: ``outputs.last_hidden_state`` ->
+    ``outputs`` (items: ``"self.model" = "last_hidden_state"``).
 
     A model that other models call for more than its one value (BERT's
     ``BertModel``, whose pooled output ``BertForPreTraining`` reads) gets a
@@ -218,18 +222,24 @@ class SingleOutput(Transform):
             body = indented(liveness.remove_dead(body.body, fed_returns), body)
         return function.with_changes(body=body)
 
-    def _read_items(self, function: cst.FunctionDef, items: dict[str, int]) -> cst.FunctionDef:
+    def _read_items(self, function: cst.FunctionDef, items: dict[str, int | str]) -> cst.FunctionDef:
         """``function`` reading the one value of each call in ``items`` where it read that item."""
         where = f"{self._classes[-1]}.{self.method}"
         found = {call for call in items if any(isinstance(n, cst.Call) and dotted_name(n.func) == call
                                                for n in descendants(function.body))}
         if len(found) < len(items):
             raise TransformError(f"{where} has no call of {', '.join(sorted(set(items) - found))}")
-        locals_: dict[str, int] = {}  # a local bound to a call's whole result -> the item read
+        locals_: dict[str, int | str] = {}  # a local bound to a call's whole result -> the item read
         for node in descendants(function.body):
-            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and len(node.targets) == 1 \
-                    and isinstance(node.targets[0].target, cst.Name) and dotted_name(node.value.func) in items:
-                locals_[node.targets[0].target.value] = items[dotted_name(node.value.func) or ""]
+            if isinstance(node, cst.Assign) and len(node.targets) == 1:
+                target: cst.BaseExpression | None = node.targets[0].target
+            elif isinstance(node, cst.AnnAssign):  # `outputs: BaseModelOutputWithPast = self.model(...)`
+                target = node.target
+            else:
+                continue
+            if isinstance(node.value, cst.Call) and isinstance(target, cst.Name) \
+                    and dotted_name(node.value.func) in items:
+                locals_[target.value] = items[dotted_name(node.value.func) or ""]
         rewritten = function.body.visit(_ItemReader(items, locals_))
         assert isinstance(rewritten, cst.BaseSuite)
         # A read of another item or of an attribute needs the old result (a bare read is the value itself).
@@ -237,27 +247,35 @@ class SingleOutput(Transform):
             if isinstance(read, (cst.Subscript, cst.Attribute)) and isinstance(read.value, cst.Name) \
                     and read.value.value in locals_:
                 name = read.value.value
-                raise TransformError(f"{where} reads {name} other than as item {locals_[name]}: "
+                raise TransformError(f"{where} reads {name} other than as item {locals_[name]!r}: "
                                      f"it cannot take the one value instead")
         return function.with_changes(body=rewritten)
 
 
 class _ItemReader(cst.CSTTransformer):
-    """``x[i]`` -> ``x`` for a local bound to a listed call (``call(...)[i]`` -> ``call(...)``)."""
+    """``x[i]`` (``x.name``) -> ``x`` for a local bound to a listed call (``call(...)[i]`` -> ``call(...)``)."""
 
-    def __init__(self, items: dict[str, int], locals_: dict[str, int]) -> None:
+    def __init__(self, items: dict[str, int | str], locals_: dict[str, int | str]) -> None:
         self.items = items
         self.locals = locals_
 
+    def _item(self, value: cst.BaseExpression) -> int | str | None:
+        if isinstance(value, cst.Name):
+            return self.locals.get(value.value)
+        if isinstance(value, cst.Call):
+            return self.items.get(dotted_name(value.func) or "")
+        return None
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+        value = updated_node.value
+        if self._item(value) != updated_node.attr.value:
+            return updated_node
+        return value.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
+
     def leave_Subscript(self, original_node: cst.Subscript, updated_node: cst.Subscript) -> cst.BaseExpression:
         value = updated_node.value
-        if isinstance(value, cst.Name):
-            index = self.locals.get(value.value)
-        elif isinstance(value, cst.Call):
-            index = self.items.get(dotted_name(value.func) or "")
-        else:
-            return updated_node
-        if index is None or len(updated_node.slice) != 1:
+        index = self._item(value)
+        if not isinstance(index, int) or len(updated_node.slice) != 1:
             return updated_node
         item = updated_node.slice[0].slice
         if not (isinstance(item, cst.Index) and isinstance(item.value, cst.Integer)

@@ -21,6 +21,10 @@ class SizeVarargsOptions:
     # ``x.view(*shape)`` becomes ``x.view(shape)``.  Matched by method name (the receiver's type is
     # unknown to a rewrite), so only what the recipe lists.
     methods: tuple[str, ...] = ()
+    # Tensor methods whose positional sizes are packed into one tuple, as the factories' are
+    # (``x.expand(b, -1, 1)`` -> ``x.expand((b, -1, 1))``): fx fails on the varargs spelling when the
+    # receiver is a real tensor (a buffer) and a size a Proxy.  Matched by method name too.
+    sized_methods: tuple[str, ...] = ()
 
 
 def _unpacked(call: cst.Call, methods: frozenset[str]) -> bool:
@@ -82,6 +86,12 @@ class SizeVarargs(Transform):
         x = x.view(*new_shape)                         # before
         x = x.view(new_shape)                          # after
 
+    Option ``sized_methods`` lists methods whose positional sizes are packed
+    like a factory's::
+
+        f = self.inv_freq[None, :, None].expand(ids.shape[0], -1, 1)     # before
+        f = self.inv_freq[None, :, None].expand((ids.shape[0], -1, 1))   # after
+
     A tensor's shape star-unpacked into a longer size (transformers 5.x) is
     concatenated instead: a ``torch.Size`` plus a tuple is the same size, and
     fx records the addition.  Only what is surely a shape is rewritten:
@@ -104,11 +114,18 @@ class SizeVarargs(Transform):
         super().__init__(context, options, **values)
         self.functions = frozenset(self.options.functions)
         self.methods = frozenset(self.options.methods)
+        self.sized_methods = frozenset(self.options.sized_methods)
 
     def focus(self) -> Iterable[cst.CSTNode]:
         calls = [call for call in self.index.nodes(cst.Call) if _unpacked(call, self.methods) or (
-            _sizes(call.args) >= 2 and self.qualified_names(call) & self.functions) or self._shaped_call(call)]
+            _sizes(call.args) >= 2 and self._sized(call)) or self._shaped_call(call)]
         return [*calls, *(node for node in self.index.nodes(cst.Tuple) if self._shaped_tuple(node))]
+
+    def _sized(self, call: cst.Call) -> bool:
+        """A listed factory, or a call of a listed method (whose arguments are all sizes)."""
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in self.sized_methods:
+            return True
+        return bool(self.qualified_names(call) & self.functions)
 
     def _is_shape(self, node: cst.BaseExpression) -> bool:
         """A ``torch.Size``: a tensor's shape, or a local name bound once, to one, in plain assignment."""
@@ -192,8 +209,7 @@ class SizeVarargs(Transform):
         count = _sizes(args)
         if count < 2:
             return updated_node
-        names = self.qualified_names(original_node)
-        if not names & self.functions:
+        if not self._sized(original_node):
             return updated_node
         sizes, last = args[:count - 1], args[count - 1]
         # Each comma keeps its own whitespace, so multi-line calls keep their layout.

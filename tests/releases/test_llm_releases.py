@@ -1,0 +1,89 @@
+"""Every committed generated LLM (Llama, Qwen2, Qwen3, Mistral, Gemma 3) against stock transformers of its release.
+
+One worker process per release checks every family committed for it (tests/support/llm_release_worker.py:
+eval, train loss and every gradient, stateless, fx, train-mode graph, export strict and non-strict), with
+PYTHONPATH set to that release's side-by-side install. A package committed without its stock install fails
+here; nothing is skipped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import load_script
+from support import REPO
+from support.llm_release_worker import CHECKS, FAMILIES, run_in_subprocess
+
+from families.layout import version_dir
+
+installer = load_script("install_releases")
+GENERATED = REPO / "generated_models"
+
+
+def committed() -> dict[str, list[str]]:
+    """release -> the LLM families committed for it."""
+    found: dict[str, list[str]] = {}
+    for family in FAMILIES:
+        root = GENERATED / family
+        for package in sorted(root.iterdir()) if root.is_dir() else ():
+            if package.is_dir() and package.name.startswith("v"):
+                found.setdefault(package.name[1:].replace("_", "."), []).append(family)
+    return found
+
+
+COMMITTED = committed()
+
+
+def failures(record: dict) -> list[str]:
+    return [f"{family}/{check}[{case}]: {message}" for family, checks in record["families"].items()
+            for check, result in checks.items() for case, message in result["failures"].items()]
+
+
+def test_the_committed_releases_are_found() -> None:
+    assert "llama" in COMMITTED.get("5.23.0", []) and "llama" in COMMITTED.get("4.57.6", [])
+
+
+@pytest.mark.parametrize("release", sorted(COMMITTED))
+def test_generated_llms_equal_stock(release: str, tmp_path: Path) -> None:
+    listed = {r.version: r for r in installer.read_releases()}
+    assert release in listed and installer.is_installed(listed[release]), (
+        f"no stock install of transformers {release}: run bash scripts/setup.sh")
+    families = COMMITTED[release]
+    code, record, stderr = run_in_subprocess(release, installer.install_dir(release), families, tmp_path / "r.json")
+    assert record is not None, f"transformers {release}: the worker wrote no result (exit {code}): {stderr[-3000:]}"
+    problems = failures(record)
+    assert not problems and code == 0, f"transformers {release}: " + "\n".join(problems[:20])
+    assert sorted(record["families"]) == sorted(families)
+    assert all(tuple(checks) == CHECKS for checks in record["families"].values())
+
+
+@pytest.mark.parametrize(("family", "release"), sorted((f, r) for r, fs in COMMITTED.items() for f in fs))
+def test_committed_package_is_what_the_converter_writes(family: str, release: str,
+                                                        capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``convert-model FAMILY --version X --check`` from the release's own files: no drift, no warning."""
+    from converter.cli import main
+
+    assert (GENERATED / family / version_dir(release)).is_dir()
+    monkeypatch.chdir(REPO)
+    code = main([family, "--version", release, "--source-dir", str(installer.install_dir(release)), "--check",
+                 "--no-verify"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.out[-3000:] + captured.err
+    assert "found nothing" not in captured.err and "unverified" not in captured.err, captured.err
+
+
+def test_the_worker_reports_a_generated_model_that_differs(tmp_path: Path) -> None:
+    """The harness can fail: an RMS norm off by a factor is caught in eval and train."""
+    source = (GENERATED / "llama" / "v5_23_0" / "modeling_llama.py").read_text(encoding="utf-8")
+    needle = "torch.rsqrt(variance + self.variance_epsilon)"
+    assert source.count(needle) == 1
+    broken = tmp_path / "modeling_llama.py"
+    broken.write_text(source.replace(needle, "torch.rsqrt(variance + 2 * self.variance_epsilon)"), encoding="utf-8")
+    code, record, stderr = run_in_subprocess("5.23.0", installer.install_dir("5.23.0"), ["llama"], tmp_path / "r.json",
+                                             checks="eval,state-dict", generated={"llama": broken})
+    assert code == 1 and record is not None, stderr[-2000:]
+    checks = record["families"]["llama"]
+    assert checks["state-dict"]["ok"] and not checks["eval"]["ok"]
+    assert all("outputs differ" in m for m in checks["eval"]["failures"].values()), checks["eval"]["failures"]
