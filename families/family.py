@@ -65,15 +65,17 @@ class ModelFamily:
     def training_classes(self) -> list[str]:
         return [name for name, info in self.definition.classes.items() if info.trains]
 
-    def model_class(self, class_name: str) -> type:
+    def model_class(self, class_name: str) -> type[torch.nn.Module]:
         self.class_info(class_name)
         try:
-            return import_class(self.package, class_name, f"no generated model {self.package} (run: convert-model "
-                                                          f"{self.name} --version {self.version})")
+            found = import_class(self.package, class_name, f"no generated model {self.package} (run: convert-model "
+                                                           f"{self.name} --version {self.version})")
         except ImportError as exc:  # generated code of one release imports that release's package
             installed = _installed(self.definition.package)
             raise UserError(f"{self.package} does not import ({type(exc).__name__}: {exc}): it was generated from "
                             f"{self.definition.package} {self.version}, the installed one is {installed}") from None
+        assert issubclass(found, torch.nn.Module), found  # class_info: one of the family's generated model classes
+        return found
 
     def build(self, class_name: str, config: Any, device: str | torch.device = "meta") -> torch.nn.Module:
         """A generated ``class_name`` in training mode, built directly on ``device``."""
