@@ -41,6 +41,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -83,7 +84,8 @@ class Models:
     def attention(self) -> str:
         return self.config(TIED)._attn_implementation if self.selects_attention else "eager (only)"
 
-    def pair(self, class_name: str, config_name: str, seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
+    def pair(self, class_name: str, config_name: str, seed: int = 0) -> tuple[Any, Any]:
+        """Stock and generated, same weights; Any: mypy sees neither model's attributes (imported by name)."""
         cfg = self.config(config_name)
         torch.manual_seed(seed)
         reference = getattr(self.stock, class_name)(cfg)
@@ -93,7 +95,7 @@ class Models:
         converted.load_state_dict(reference.state_dict(), strict=True)
         return reference, converted
 
-    def build(self, class_name: str, config_name: str = TRACE_CONFIG) -> torch.nn.Module:
+    def build(self, class_name: str, config_name: str = TRACE_CONFIG) -> Any:  # a generated model, as pair's
         torch.manual_seed(0)
         return getattr(self.generated, class_name)(self.config(config_name))
 
