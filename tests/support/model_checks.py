@@ -117,7 +117,7 @@ def assert_equal_gradients(converted: nn.Module, reference: nn.Module,
         assert stock_name in grads, name
         expected = grads[stock_name]
         assert (parameter.grad is None) == (expected is None), name
-        if expected is not None:
+        if parameter.grad is not None and expected is not None:
             assert torch.equal(parameter.grad, expected), name
             compared += 1
     return compared

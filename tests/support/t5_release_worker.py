@@ -68,6 +68,7 @@ class Models:
 
         self.config_class, self.stock = T5Config, modeling_t5
         spec = importlib.util.spec_from_file_location(f"generated_t5_{abs(hash(generated_file))}", generated_file)
+        assert spec is not None and spec.loader is not None  # a .py file: the source loader
         self.generated = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = self.generated
         spec.loader.exec_module(self.generated)
@@ -108,11 +109,12 @@ def compare_gradients(converted: torch.nn.Module, grads: dict[str, torch.Tensor 
     compared = 0
     for name, parameter in converted.named_parameters():
         assert name in grads, f"parameter {name} is not stock's"
-        if grads[name] is None:
+        expected = grads[name]
+        if expected is None:
             assert parameter.grad is None, f"{name}: gradient where stock has none"
             continue
         assert parameter.grad is not None, f"{name}: no gradient where stock has one"
-        assert torch.equal(parameter.grad, grads[name]), f"{name}: gradient differs"
+        assert torch.equal(parameter.grad, expected), f"{name}: gradient differs"
         compared += 1
     return compared
 
