@@ -34,7 +34,6 @@ from typing import Any
 
 import torch
 
-
 # A block start as BeginBlock gives it: (user_id, ipu_id), either of which PopTorch lets the caller leave out.
 Stage = tuple[str | None, int | None]
 
