@@ -91,7 +91,7 @@ def cases() -> Iterator[tuple[str, str, bool, dict[str, Any]]]:
     yield ("bidirectional-no-skip", "create_bidirectional_mask", True,
            {"inputs_embeds": embeds, "attention_mask": None, "allow_is_bidirectional_skip": False})
     yield ("bidirectional-extra-kwarg", "create_bidirectional_mask", True,
-           {"inputs_embeds": embeds, "attention_mask": mask, "position_ids": positions})
+           {"inputs_embeds": embeds, "attention_mask": attention, "position_ids": positions})
     # Sizes and dtype from where HF reads them: kv_len from a mask longer than the queries,
     # batch and dtype from encoder_hidden_states rather than inputs_embeds.
     longer = torch.tensor([[1, 1, 0, 1, 1, 1, 0], [1, 1, 1, 1, 1, 0, 0]])
