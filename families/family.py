@@ -93,14 +93,16 @@ class ModelFamily:
                                  f"{self.version}, see docs/setup.md) or give --version {installed}")
         self._checked_release = True
 
-    def model_class(self, class_name: str) -> type:
+    def model_class(self, class_name: str) -> type[torch.nn.Module]:
         self.class_info(class_name)
         self.require_release()
         try:
-            return import_class(self.package, class_name, f"no generated model {self.package} (run: convert-model "
-                                                          f"{self.name} --version {self.version})")
+            found = import_class(self.package, class_name, f"no generated model {self.package} (run: convert-model "
+                                                           f"{self.name} --version {self.version})")
         except ImportError as exc:
             raise UserError(f"{self.package} does not import ({type(exc).__name__}: {exc})") from None
+        assert issubclass(found, torch.nn.Module), found  # class_info: one of the family's generated model classes
+        return found
 
     def build(self, class_name: str, config: Any, device: str | torch.device = "meta") -> torch.nn.Module:
         """A generated ``class_name`` in training mode, built directly on ``device``."""

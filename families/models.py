@@ -10,7 +10,7 @@ import importlib
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -18,6 +18,13 @@ from common.errors import UserError
 from families.definition import BATCH, InputSpec
 
 _DTYPES = {"int64": torch.long, "float32": torch.float32}
+
+
+@runtime_checkable
+class SharedWeight(Protocol):
+    """A generated model owning a shared weight: the shared_weight transform gives it a stateless form."""
+
+    def make_stateless(self) -> torch.nn.Module: ...
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from converter.recipes import get_recipe  # noqa: E402
 from families.family import ModelFamily  # noqa: E402
+from families.models import SharedWeight  # noqa: E402
 
 
 def step(model: torch.nn.Module, kwargs: dict, stock_output: bool) -> None:
@@ -72,6 +73,8 @@ def main() -> int:
     converted = family.build(class_name, config, "cpu")
     converted.load_state_dict(reference.state_dict())
     if args.stateless:
+        if not isinstance(converted, SharedWeight):
+            raise SystemExit(f"{class_name} shares no weight: it has no stateless form")
         converted.make_stateless()
     kwargs = family.inputs(class_name, config, micro_batch, "cpu")
     for _ in range(3):  # warm up allocator and kernels

@@ -28,8 +28,11 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
+from typing import Any, TypedDict, TypeVar
 
 from common.atomic import write_atomic
 from families.family import ModelFamily, definitions
@@ -54,8 +57,27 @@ FTPIPE = {2: 1.001, 4: 1.009}
 FREE_LINKS = 1e300
 
 
-def _best_of(repeats: int, run):  # type: ignore[no-untyped-def]
-    best, result = math.inf, None
+T = TypeVar("T")
+
+
+class Row(TypedDict):
+    """One line of the main table: a shape split into ``stages`` stages by each method."""
+
+    shape: str
+    stages: int
+    blocks: int
+    ours: float
+    before: float
+    granularity: Any  # as the plan's model records it
+    uniform: float
+    parameters: float
+    bound: float
+    partition_ms: float
+    costing_s: float
+
+
+def _best_of(repeats: int, run: Callable[[], T]) -> tuple[float, T]:
+    best = math.inf
     for _ in range(repeats):
         start = time.perf_counter()
         result = run()
@@ -74,9 +96,10 @@ def before(layers: Chain, stages: int, settings: Settings) -> Plan:
     return partition(layers.blocks, stages, replace(settings, recompute=False), {}, layers.values)
 
 
-def measure(families: list[ModelFamily], shapes: set[str] | None) -> tuple[list[dict[str, object]], list[str]]:
+def measure(families: list[ModelFamily], shapes: set[str] | None) -> tuple[list[Row], list[str]]:
     """The table's rows, and one line per family saying what was measured."""
-    rows, setups = [], []
+    rows: list[Row] = []
+    setups: list[str] = []
     for family in families:
         class_name = family.definition.default_class
         micro_batch = family.micro_batch(BATCH)
@@ -88,10 +111,11 @@ def measure(families: list[ModelFamily], shapes: set[str] | None) -> tuple[list[
             if shapes is None and shape == family.definition.verify_shape != family.definition.default_shape:
                 continue  # the converter's tiny fx-check shape: nobody pipelines it
             config = family.config(shape)
-            cost_seconds, chain = _best_of(1, lambda: family_chain(family, class_name, config, micro_batch, sublayers=True))
+            cost_seconds, chain = _best_of(1, partial(family_chain, family, class_name, config, micro_batch,
+                                                          sublayers=True))
             layers = grain.layer_chain(chain, layer_lists)
             for stages in STAGES:
-                seconds, plan = _best_of(5, lambda: ours(chain, layer_lists, stages, SETTINGS))
+                seconds, plan = _best_of(5, partial(ours, chain, layer_lists, stages, SETTINGS))
                 uniform = build_plan(layers.blocks, uniform_split(layers.blocks, stages, layer_lists), SETTINGS, {},
                                      values=layers.values)
                 balanced = build_plan(layers.blocks, parameter_balanced_split(layers.blocks, stages,
@@ -108,7 +132,7 @@ def measure(families: list[ModelFamily], shapes: set[str] | None) -> tuple[list[
     return rows, setups
 
 
-def table(rows: list[dict[str, object]]) -> str:
+def table(rows: list[Row]) -> str:
     lines = ["| shape | K | blocks | ours | ours before | uniform (optimum-graphcore) | parameters (DeepSpeed) "
              "| granularity bound | ours / bound | partition ms | costing s (meta) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -180,7 +204,7 @@ def flop_table(family: ModelFamily, shape: str, batch: int, lengths: dict[str, i
     return "\n".join(lines)
 
 
-def section(rows: list[dict[str, object]], setups: list[str], png: str, extra: str, load: float) -> str:
+def section(rows: list[Row], setups: list[str], png: str, extra: str, load: float) -> str:
     models = "; ".join(setups)
     return f"""{SECTION}
 
@@ -208,12 +232,12 @@ ratio is computed from FLOP and byte counts and does not depend on it.
 {extra}"""
 
 
-def summary(rows: list[dict[str, object]]) -> str:
-    near_ideal = sum(float(r["ours"]) <= 1.05 for r in rows)  # type: ignore[arg-type]
-    allowed = sum(float(r["bound"]) <= 1.05 for r in rows)  # type: ignore[arg-type]
-    worst = max(float(r["ours"]) / float(r["bound"]) for r in rows)  # type: ignore[arg-type]
-    improved = sum(float(r["ours"]) < float(r["before"]) for r in rows)  # type: ignore[arg-type]
-    if any(float(r["ours"]) > float(r["before"]) for r in rows):  # type: ignore[arg-type]
+def summary(rows: list[Row]) -> str:
+    near_ideal = sum(r["ours"] <= 1.05 for r in rows)
+    allowed = sum(r["bound"] <= 1.05 for r in rows)
+    worst = max(r["ours"] / r["bound"] for r in rows)
+    improved = sum(r["ours"] < r["before"] for r in rows)
+    if any(r["ours"] > r["before"] for r in rows):
         raise SystemExit("a plan got worse than before sub-layer blocks and recomputation")
     return (f"Ours is within 1.05 of ideal in {near_ideal} of the {allowed} cases whose granularity bound allows "
             f"it ({len(rows)} cases in all), at most {worst:.3f} x the granularity bound, never worse than "

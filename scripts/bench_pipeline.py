@@ -49,10 +49,10 @@ from families.family import ModelFamily  # noqa: E402
 from families.models import make_inputs  # noqa: E402
 from partitioning.cost import granularity as grain  # noqa: E402
 from partitioning.cost.calibration import Calibration, calibrate, clock  # noqa: E402
-from partitioning.cost.chain import family_chain
+from partitioning.cost.chain import family_chain  # noqa: E402
 from partitioning.gpu.pipelining import PipelineRun  # noqa: E402
 from partitioning.gpu.train import device_for_rank, rebuild  # noqa: E402
-from partitioning.plan import Plan
+from partitioning.plan import Plan  # noqa: E402
 from partitioning.solve.baselines import parameter_balanced_split, uniform_split  # noqa: E402
 from partitioning.solve.partition import Settings, build_plan, partition  # noqa: E402
 

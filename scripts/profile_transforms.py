@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import libcst as cst
@@ -15,7 +17,7 @@ sys.path.insert(0, str(REPO))
 
 from converter.fetch import Fetcher  # noqa: E402
 from converter.pipeline import add_imports  # noqa: E402
-from converter.recipes import get_recipe  # noqa: E402
+from converter.recipes import TransformStep, get_recipe  # noqa: E402
 from transforms import REGISTRY  # noqa: E402
 from transforms.library.base import DEFER_IMPORT_EDITS, SUPPORT_SOURCES  # noqa: E402
 
@@ -34,8 +36,12 @@ def main() -> int:
     shared = CodemodContext(full_module_name=recipe.module_name,
                             full_package_name=recipe.module_name.rpartition(".")[0],
                             scratch={SUPPORT_SOURCES: supports, DEFER_IMPORT_EDITS: True})
-    steps = [(s.name, lambda ctx, tree, s=s: REGISTRY[s.name](ctx, s.options_for(args.version)).transform_module(tree))
-             for s in recipe.steps_for(args.version)]
+
+    def transform(step: TransformStep, ctx: CodemodContext, tree: cst.Module) -> cst.Module:
+        return REGISTRY[step.name](ctx, step.options_for(args.version)).transform_module(tree)
+
+    steps: list[tuple[str, Callable[[CodemodContext, cst.Module], cst.Module]]] = [
+        (s.name, partial(transform, s)) for s in recipe.steps_for(args.version)]
     steps.append(("(import edits)", lambda ctx, tree: add_imports(tree, ctx)))
     for name, apply in steps:
         best, result = float("inf"), tree

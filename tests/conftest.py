@@ -10,6 +10,7 @@ import shutil
 import sys
 import zipfile
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -31,10 +32,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                else len(SLOW_FIRST))  # stable: the rest keep their order
 
 
-def load_script(name: str):
+def load_script(name: str) -> ModuleType:
     """The module ``scripts/<name>.py`` (scripts/ is not a package), imported once."""
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+        assert spec is not None and spec.loader is not None  # a .py file: the source loader
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # registered before it runs: dataclasses look their module up there
         spec.loader.exec_module(module)

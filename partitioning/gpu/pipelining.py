@@ -36,6 +36,7 @@ from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, SplitPoint
 from torch.distributed.pipelining._IR import Pipe, annotate_split_points
 
 from common.errors import UserError
+from families.models import SharedWeight
 from partitioning.gpu.recompute_graph import Recomputation, recompute_policy
 from partitioning.gpu.stage_graphs import contiguous_boundaries, relay_shared_activations, sort_stage_inputs
 from partitioning.gpu.tied import TiedCopy, holders, ordered_sum
@@ -101,7 +102,7 @@ class PipelineRun:
         self.rank, world = dist.get_rank(), dist.get_world_size()
         if world != len(plan.stages):
             raise UserError(f"the plan has {len(plan.stages)} stages but {world} ranks run (one stage per rank)")
-        if hasattr(model, "make_stateless"):
+        if isinstance(model, SharedWeight):
             model.make_stateless()  # one shared Parameter, no module registered under two names
         self.input_names = tuple(example)
         self.stages, self.micro_batches, self.tied_sum = len(plan.stages), micro_batches, tied_sum

@@ -45,9 +45,16 @@ def contiguous_boundaries(stage_module: torch.fx.GraphModule) -> None:
     stage_module.recompile()
 
 
+def _stage(split_gm: torch.fx.GraphModule, stage_node: torch.fx.Node) -> torch.fx.GraphModule:
+    """The stage a ``call_module`` node of the split graph runs (split_module makes each one a GraphModule)."""
+    module = split_gm.get_submodule(str(stage_node.target))
+    assert isinstance(module, torch.fx.GraphModule), stage_node.target
+    return module
+
+
 def _tuple_output(split_gm: torch.fx.GraphModule, stage_node: torch.fx.Node) -> list[object]:
     """The stage's outputs as a list, turning a single output into a 1-tuple (root users read item 0)."""
-    stage_module = split_gm.get_submodule(str(stage_node.target))
+    stage_module = _stage(split_gm, stage_node)
     output = next(node for node in stage_module.graph.nodes if node.op == "output")
     if isinstance(output.args[0], (tuple, list)):
         return list(output.args[0])
@@ -79,7 +86,7 @@ def relay_shared_activations(split_gm: torch.fx.GraphModule) -> None:
         for value in values:
             consumers = sorted({user for user in value.users if user in order}, key=order.__getitem__)
             for previous, following in zip(consumers, consumers[1:]):
-                module = split_gm.get_submodule(str(previous.target))
+                module = _stage(split_gm, previous)
                 placeholders = [node for node in module.graph.nodes if node.op == "placeholder"]
                 passed = placeholders[previous.args.index(value)]
                 outputs = _tuple_output(split_gm, previous)
@@ -106,7 +113,9 @@ def sort_stage_inputs(split_gm: torch.fx.GraphModule) -> None:
 
     def source(arg: object) -> tuple[int, int]:
         if isinstance(arg, torch.fx.Node) and arg.target is operator.getitem and arg.args[0] in order:
-            return order[arg.args[0]], int(arg.args[1])  # type: ignore[call-overload]
+            index = arg.args[1]
+            assert isinstance(index, int), arg  # getitem on a stage's output tuple: a constant position
+            return order[arg.args[0]], index
         if isinstance(arg, torch.fx.Node) and arg in order:
             return order[arg], 0
         return -1, 0  # a model input: stage 0 only
@@ -115,7 +124,7 @@ def sort_stage_inputs(split_gm: torch.fx.GraphModule) -> None:
         permutation = sorted(range(len(stage.args)), key=lambda i: source(stage.args[i]))
         if permutation == list(range(len(stage.args))):
             continue
-        module = split_gm.get_submodule(str(stage.target))
+        module = _stage(split_gm, stage)
         placeholders = [node for node in module.graph.nodes if node.op == "placeholder"]
         anchor = next(node for node in module.graph.nodes if node.op != "placeholder")
         for index in permutation:

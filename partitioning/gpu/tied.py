@@ -37,10 +37,12 @@ class TiedCopy:
         """Hook every use of the copy in the autograd graph of one micro-batch's forward."""
         if not torch.is_grad_enabled():
             return  # no backward follows a forward without autograd
-        accumulate = self.parameter.view_as(self.parameter).grad_fn.next_functions[0][0]
+        view = self.parameter.view_as(self.parameter).grad_fn
+        assert view is not None, self.name  # a tied copy trains: its views have a grad_fn under grad mode
+        accumulate = view.next_functions[0][0]
         uses: list[tuple[int, torch.autograd.graph.Node, int]] = []
         seen: set[torch.autograd.graph.Node] = set()
-        pending = [t.grad_fn for t in tree_leaves(outputs) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        pending: list[torch.autograd.graph.Node | None] = [t.grad_fn for t in tree_leaves(outputs) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
         while pending:
             node = pending.pop()
             if node is None or node in seen:

@@ -37,7 +37,12 @@ class SerializedForward:
 
     def __call__(self, *args: torch.Tensor) -> torch.Tensor:
         module = self.module
-        weight, hidden = args if getattr(module, "takes_shared_weight", False) else (module.weight, *args)
+        if getattr(module, "takes_shared_weight", False):
+            weight, hidden = args
+        else:
+            (hidden,), own = args, module.weight
+            assert isinstance(own, torch.Tensor), type(module)  # a torch.nn.Linear's own weight
+            weight = own
         mode = self.poptorch.MatMulSerializationMode.OutputChannels
         output = self.poptorch.serializedMatMul(hidden, weight.t(), mode, self.factor)
         return output if module.bias is None else output + module.bias

@@ -5,13 +5,15 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 from common.atomic import write_atomic
 from common.errors import UserError
 from partitioning.plan import Plan
 
 
-def _pyplot():  # type: ignore[no-untyped-def]
+def _pyplot() -> ModuleType:
     try:
         import matplotlib
     except ImportError:
@@ -63,7 +65,7 @@ def plot_ratios(rows: Sequence[tuple[str, dict[str, float]]], path: Path, title:
     write_atomic(path, _png(plt, figure))
 
 
-def _png(plt, figure) -> bytes:  # type: ignore[no-untyped-def]
+def _png(plt: ModuleType, figure: Any) -> bytes:
     buffer = io.BytesIO()
     figure.tight_layout()
     figure.savefig(buffer, format="png", dpi=100)

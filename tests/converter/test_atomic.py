@@ -233,12 +233,16 @@ def test_new_files_get_the_umask_mode(tmp_path: Path) -> None:
 
 def test_a_write_from_another_thread_works_without_holding_signals(tmp_path: Path) -> None:
     import threading
-    results = []
-    thread = threading.Thread(target=lambda: results.append(
-        write_all_atomic({tmp_path / "a": b"1", tmp_path / "b": b"2"})))
+    finished: list[bool] = []
+
+    def write() -> None:
+        write_all_atomic({tmp_path / "a": b"1", tmp_path / "b": b"2"})
+        finished.append(True)  # not reached if the write raised in the thread
+
+    thread = threading.Thread(target=write)
     thread.start()
     thread.join()
-    assert results == [None] and (tmp_path / "b").read_bytes() == b"2"
+    assert finished == [True] and (tmp_path / "b").read_bytes() == b"2"
 
 
 def test_targets_outside_the_journal_directory_are_refused(tmp_path: Path) -> None:

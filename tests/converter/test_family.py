@@ -20,7 +20,7 @@ import torch
 from support.t5_models import T5, config
 
 from common.errors import UserError
-from families.definition import InputSpec, parse_definition
+from families.definition import FamilyDefinition, InputSpec, parse_definition
 from families.family import ModelFamily
 from families.models import MicroBatch, accepted, make_inputs
 from partitioning.cost.blocks import chain_specs
@@ -219,7 +219,7 @@ class _ForLoss(torch.nn.Module):
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
 
 
-def toy():  # type: ignore[no-untyped-def]
+def toy() -> FamilyDefinition:
     definition = parse_definition(tomllib.loads(TOY), "toy.toml")
     assert definition is not None
     return definition
@@ -464,7 +464,8 @@ def test_draft_chains_and_inputs_fit_the_stock_models(name: str) -> None:
         assert [spec.name for spec in specs] == EXPECTED[class_name]
         # Blocks start in execution order: each start module is called after the previous one's.
         calls: list[int] = []
-        hooks = [m.register_forward_pre_hook(lambda module, args: calls.append(id(module))) for m in model.modules()]
+        hooks = [m.register_forward_pre_hook(lambda module, args, calls=calls: calls.append(id(module)))
+                 for m in model.modules()]
         inputs = make_inputs(accepted(definition.inputs, model.forward), cfg, mb, "cpu")
         output = model(**inputs)
         for hook in hooks:

@@ -17,6 +17,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,15 +34,21 @@ MANIFEST = "transformers-4.5.1/manifest.json"
 INTERRUPTED = "convert-model: interrupted"
 
 
-def convert_model(*args: str, hook: str = "", env: dict[str, str] | None = None,
-                  preexec=None, wait: bool = True) -> subprocess.CompletedProcess | subprocess.Popen:
+def _command(args: tuple[str, ...], hook: str = "") -> list[str]:
     """convert-model's console entry in a child process; ``hook`` is Python run first (to send a real signal)."""
     code = f"import sys\n{hook}\nfrom converter.__main__ import main\nsys.exit(main())\n"
-    command = [sys.executable, "-c", code, *args]
-    if not wait:
-        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                preexec_fn=preexec)
-    return subprocess.run(command, capture_output=True, text=True, env=env, preexec_fn=preexec, timeout=300)
+    return [sys.executable, "-c", code, *args]
+
+
+def convert_model(*args: str, hook: str = "", preexec: Callable[[], None] | None = None
+                  ) -> subprocess.CompletedProcess[str]:
+    """Run convert-model to the end."""
+    return subprocess.run(_command(args, hook), capture_output=True, text=True, preexec_fn=preexec, timeout=300)
+
+
+def start_convert_model(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """Start convert-model and leave it running."""
+    return subprocess.Popen(_command(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def leftovers(root: Path) -> list[Path]:
@@ -98,10 +105,11 @@ MALFORMED_MANIFESTS = {
 def break_manifest(cache: Path, kind: str) -> Path:
     manifest = cache / MANIFEST
     manifest.unlink()
-    if MALFORMED_MANIFESTS[kind] is None:
+    text = MALFORMED_MANIFESTS[kind]
+    if text is None:
         manifest.mkdir()
     else:
-        manifest.write_text(MALFORMED_MANIFESTS[kind])
+        manifest.write_text(text)
     return manifest
 
 
@@ -401,8 +409,8 @@ def test_sigterm_during_pip_download_leaves_no_temporary_directory(tmp_path: Pat
     scratch.mkdir()
     env = dict(os.environ, PIP_INDEX_URL=f"http://127.0.0.1:{server.getsockname()[1]}/simple", PIP_TIMEOUT="120",
                TMPDIR=str(scratch))
-    proc = convert_model(*convert("--from", "registry", "--output-dir", str(tmp_path / "out"),
-                                  cache=tmp_path / "cache"), env=env, wait=False)
+    proc = start_convert_model(*convert("--from", "registry", "--output-dir", str(tmp_path / "out"),
+                                        cache=tmp_path / "cache"), env=env)
     try:
         deadline = time.monotonic() + 120
         while not accepted and time.monotonic() < deadline:
@@ -431,7 +439,7 @@ def test_a_full_disk_leaves_no_file_and_no_directory(tmp_path: Path) -> None:
 
 def test_concurrent_runs_on_one_output_dir(tmp_path: Path, converted_once: Path) -> None:
     out = tmp_path / "out"
-    runs = [convert_model(*convert("--from", "cache", "--output-dir", str(out)), wait=False) for _ in range(2)]
+    runs = [start_convert_model(*convert("--from", "cache", "--output-dir", str(out))) for _ in range(2)]
     results = [run.communicate(timeout=600) for run in runs]
     assert [run.returncode for run in runs] == [0, 0], results
     assert snapshot(out) == snapshot(converted_once)

@@ -13,7 +13,7 @@ from conftest import FIXTURES, REPO
 from common.errors import UserError
 from converter.fetch import Fetcher
 from converter.pipeline import transform_module
-from converter.recipes import get_recipe, parse_recipe
+from converter.recipes import Recipe, get_recipe, parse_recipe
 from transforms import REGISTRY
 from transforms.shared_weight import SharedWeightOptions
 
@@ -27,7 +27,7 @@ classes = ["Toy"]
 """
 
 
-def load(text: str) -> object:
+def load(text: str) -> Recipe:
     return parse_recipe(text, "toy.toml")
 
 

@@ -5,11 +5,12 @@ Family-generic: the families are tests/model_families.py's GENERIC list (T5 has 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from support.model_checks import Family, assert_equal_gradients, eval_outputs, fx_trace, shared_weight_uses, train_step
 from support.model_families import GENERIC
-from torch import nn
 
 from stateless import StatelessEmbedding, StatelessLinear
 
@@ -24,7 +25,7 @@ def tied(family: Family, class_name: str, config_name: str) -> bool:
     return weight.tied(family.make_config(config_name).to_dict())
 
 
-def stateless_pair(family: Family, class_name: str, config_name: str) -> tuple[nn.Module, nn.Module]:
+def stateless_pair(family: Family, class_name: str, config_name: str) -> tuple[Any, Any]:  # as Family.pair's
     reference, converted = family.pair(class_name, config_name)
     return reference, converted.make_stateless()
 
@@ -64,8 +65,9 @@ def test_train_loss_and_every_gradient_equal_stock(family: Family, config_name: 
     kwargs = family.call_kwargs(class_name, family.make_inputs(True, config_name=config_name), path)
     actual, expected = train_step(family, class_name, reference, converted, kwargs)
     assert torch.equal(actual, expected)
-    weight = family.shared_weight(class_name)
-    assert assert_equal_gradients(converted, reference, {weight: family.shared_key(class_name)}) > 10
+    weight, key = family.shared_weight(class_name), family.shared_key(class_name)
+    assert weight is not None and key is not None  # CASES: the classes that share a weight
+    assert assert_equal_gradients(converted, reference, {weight: key}) > 10
     assert converted.get_parameter(weight).grad.abs().sum() > 0
 
 

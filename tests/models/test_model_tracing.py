@@ -29,7 +29,8 @@ def test_stock_model_does_not_trace_with_fx(family: Family) -> None:
         torch.manual_seed(0)
         stock_model = getattr(family.stock, class_name)(family.make_config(family.configs[0])).eval()
         kwargs = family.call_kwargs(class_name, family.make_inputs(True, config_name=family.configs[0]), path)
-        with pytest.raises(Exception):
+        # Control flow on a traced value, or (BART) a Proxy where a tensor is needed: item assignment, finfo.
+        with pytest.raises((torch.fx.proxy.TraceError, TypeError)):
             fx_trace(stock_model, kwargs)
 
 

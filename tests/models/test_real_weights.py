@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 from support import REPO, SUPPORT, TORCHRUN, real_weights
+from support.bert_models import generated
 from support.threads import RANK_THREADS, threads
 from transformers.models.bert import modeling_bert as stock
-
-from generated_models.bert.v4_5_1 import modeling_bert as generated
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from stateless.dtypes import finfo
 
 RELEASE = "5.23.0"
 WORKER = SUPPORT / "masks_hf_worker.py"
-OURS = {"create_causal_mask": create_causal_mask, "create_bidirectional_mask": create_bidirectional_mask}
+OURS: dict[str, Callable[..., Any]] = {"create_causal_mask": create_causal_mask, "create_bidirectional_mask": create_bidirectional_mask}
 
 installer = load_script("install_releases")
 
@@ -213,10 +214,11 @@ def test_export_with_dynamic_dims_equals_eager(strict: bool) -> None:
 # -- refusals -----------------------------------------------------------------------------------
 
 EMBEDS = torch.zeros(2, 3, 4)
-CAUSAL = {"config": t5_config(), "inputs_embeds": EMBEDS, "attention_mask": None, "past_key_values": None}
-BIDIRECTIONAL = {"config": t5_config(), "inputs_embeds": EMBEDS, "attention_mask": None}
+CAUSAL: dict[str, Any] = {"config": t5_config(), "inputs_embeds": EMBEDS, "attention_mask": None, "past_key_values": None}
+BIDIRECTIONAL: dict[str, Any] = {"config": t5_config(), "inputs_embeds": EMBEDS, "attention_mask": None}
 BLOCK_MASK = BlockMask.from_kv_blocks(torch.ones(1, 1, 1, dtype=torch.int32), torch.zeros(1, 1, 1, 1, dtype=torch.int32))
-REFUSED = {
+# case -> (function, a valid call, the change it refuses, the argument its message names)
+REFUSED: dict[str, tuple[Callable[..., Any], dict[str, Any], dict[str, Any], str]] = {
     "causal-cache": (create_causal_mask, CAUSAL, {"past_key_values": object()}, "past_key_values"),
     "causal-or": (create_causal_mask, CAUSAL, {"or_mask_function": lambda b, h, q, kv: q >= 0}, "or_mask_function"),
     "causal-and": (create_causal_mask, CAUSAL, {"and_mask_function": lambda b, h, q, kv: q >= 0}, "and_mask_function"),

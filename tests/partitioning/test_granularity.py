@@ -9,6 +9,8 @@ from common.errors import UserError
 from families.models import MicroBatch
 from partitioning.cost import granularity as grain
 from partitioning.cost.chain import family_chain
+from partitioning.cost.costing import Chain
+from partitioning.plan import Plan
 from partitioning.solve.baselines import uniform_split
 from partitioning.solve.partition import Settings, partition
 
@@ -33,7 +35,7 @@ def test_auto_keeps_the_sub_layer_plan_only_when_it_is_better() -> None:
     layer_lists = T5.layer_lists(CLASS)
     settings = Settings(bandwidth=25e9)
 
-    def plan_of(candidate, granularity):  # type: ignore[no-untyped-def]
+    def plan_of(candidate: Chain, granularity: str | int) -> Plan:
         return partition(candidate.blocks, stages, settings, {"granularity": granularity}, candidate.values)
 
     stages = 4

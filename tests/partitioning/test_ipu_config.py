@@ -197,7 +197,8 @@ def test_every_recipes_ipu_section_reads() -> None:
 
     sections = {name: ipu_section(definition) for name, definition in definitions().items()}
     assert sections["t5"].defaults["ipus_per_replica"] == 4
-    assert sections["t5"].layout("t5-small").layers_per_ipu == (0, 3, 4, 5)
+    published = sections["t5"].layout("t5-small")
+    assert published is not None and published.layers_per_ipu == (0, 3, 4, 5)
 
 
 @pytest.mark.parametrize("edit, message", [

@@ -57,6 +57,7 @@ def test_the_partitioners_plan_places_the_shared_weight_users_on_ipu_0_and_runs(
     placement = plan_ipu(plan, IPUConfig(), roles)
     write_placement(placement, tmp_path / "ipu_parallelize.py", f"partition-model {family.name} ...")
     code = load(tmp_path / "ipu_parallelize.py")
+    assert family.train_batch is not None  # every GENERIC family trains
     kwargs = family.train_batch(config, 2, 3)
     reference = run(model, kwargs)
 

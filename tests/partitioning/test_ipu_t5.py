@@ -46,7 +46,7 @@ def no_poptorch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "poptorch", None)  # `import poptorch` fails, as without the Poplar SDK
 
 
-def t5(form: str, layers: int = 4, seed: int = 0) -> torch.nn.Module:
+def t5(form: str, layers: int = 4, seed: int = 0) -> Any:  # a generated T5: attributes mypy cannot see
     config = T5Config(vocab_size=48, d_model=16, d_kv=4, d_ff=24, num_heads=2, relative_attention_num_buckets=8,
                       dropout_rate=0.1, decoder_start_token_id=0, pad_token_id=0, num_layers=layers,
                       num_decoder_layers=layers, feed_forward_proj="relu", tie_word_embeddings=True)
@@ -55,7 +55,7 @@ def t5(form: str, layers: int = 4, seed: int = 0) -> torch.nn.Module:
     return model.make_stateless() if form == "stateless" else model
 
 
-def t5_plan(model: torch.nn.Module, ipus: int, form: str) -> Plan:
+def t5_plan(model: Any, ipus: int, form: str) -> Plan:  # a model from t5()
     """A plan in the issue's naming: the embedding, each layer, the final norms, the LM head (with the last layers)."""
     layers = len(model.encoder.block)
     stateful = form == "stateful"
@@ -109,7 +109,7 @@ class CallLog:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
-        self.calls: list[tuple[int, tuple[str, int] | None]] = []
+        self.calls: list[tuple[int, poptorch_standin.Stage | None]] = []
         self.handles = [m.register_forward_pre_hook(self._record) for m in model.modules()]
 
     def _record(self, module: torch.nn.Module, args: Any) -> None:
@@ -165,7 +165,8 @@ def test_generated_parallelize_puts_every_module_where_the_plan_says(standin, tm
     users = shared_users(plan)
     assert tracer.starts[0] == (plan.stages[0].blocks[0], 0) and tracer.starts[-1] == ("lm_head", 0)
     assert all(ipu == 0 for user_id, ipu in tracer.starts if user_id in users)
-    stages = [plan.stage_of(user_id) for user_id, _ in tracer.starts if user_id not in users]
+    assert all(user_id is not None for user_id, _ in tracer.starts)  # the placement names every block
+    stages = [plan.stage_of(user_id) for user_id, _ in tracer.starts if user_id is not None and user_id not in users]
     assert stages == sorted(stages) and set(stages) == set(range(1, ipus))
     # Every module of every block runs on the IPU of its plan stage (stage i on IPU i); the shared weight's users on 0.
     for block in plan.blocks:
@@ -212,11 +213,18 @@ def test_generated_code_and_runtime_apply_make_the_same_calls(standin, tmp_path:
     assert from_code.starts == from_apply.starts
     assert from_code.checkpoints == from_apply.checkpoints
     # Checkpoints are taken in every encoder and decoder layer but the last of each, inside the layer's block.
-    checkpointed = {user_id for user_id, _ in dict.fromkeys(from_apply.checkpoints)}
+    assert None not in from_apply.checkpoints  # each taken inside a block
+    checkpointed = {stage[0] for stage in dict.fromkeys(from_apply.checkpoints) if stage is not None}
     assert placement.recompute == ("encoder.block.0", "encoder.block.1", "encoder.block.2", "decoder.block.0",
                                    "decoder.block.1", "decoder.block.2")
     in_effect = dict(zip((u.name for u in placement.units), placement.in_effect()))
-    assert checkpointed == {in_effect[name].user_id for name in placement.recompute}
+
+    def user_id(name: str) -> str:
+        annotation = in_effect[name]
+        assert annotation is not None, name  # a recomputed unit runs in a block
+        return annotation.user_id
+
+    assert checkpointed == {user_id(name) for name in placement.recompute}
     apply.deparallelize(models[1])
     assert not any(isinstance(h, apply.RecomputeCheckpoint) for m in models[1].modules()
                    for h in m._forward_hooks.values())
@@ -301,13 +309,16 @@ def test_the_projection_is_serialized_as_configured_and_the_loss_is_unchanged(st
     kwargs = inputs(masks=True)
     reference = run(models[0], kwargs)
     reference.backward()
-    grads = {name: p.grad.clone() for name, p in models[0].named_parameters()}
+    grads = {}
+    for name, p in models[0].named_parameters():
+        assert p.grad is not None, name
+        grads[name] = p.grad.clone()
     models[0].zero_grad()
     out_code, from_code, _ = placed(models[0], code.parallelize, kwargs)
     out_apply, from_apply, _ = placed(models[1], lambda m: apply.parallelize(m, placement), kwargs)
     assert torch.equal(out_code, reference) and torch.equal(out_apply, reference)
     out_code.backward()
-    assert all(torch.equal(p.grad, grads[name]) for name, p in models[0].named_parameters())
+    assert all(p.grad is not None and torch.equal(p.grad, grads[name]) for name, p in models[0].named_parameters())
     # One serialized matmul per forward, by 4, in the LM head's block on IPU 0.
     assert from_code.serialized == from_apply.serialized == [(("lm_head", 0), 4)]
     code.deparallelize(models[0])

@@ -9,7 +9,7 @@ import pytest
 from support.t5_models import T5, config
 
 from common.errors import UserError
-from families.models import MicroBatch
+from families.models import MicroBatch, SharedWeight
 from partitioning.cost.chain import family_chain
 from partitioning.cost.costing import Chain
 from partitioning.gpu.module_to_device import module_to_device
@@ -103,6 +103,6 @@ def test_module_to_device_places_every_block_module_and_the_root() -> None:
     aliased = module_to_device(plan, model=model)
     assert aliased["shared"] == aliased["encoder.embed_tokens"] == aliased["decoder.embed_tokens"] == "cuda:0"
     # stateless layout: the decoder's embedding is its own module and follows its stage
-    model.make_stateless()
-    stateless = module_to_device(plan, model=model, prefix="cpu")
+    assert isinstance(model, SharedWeight)
+    stateless = module_to_device(plan, model=model.make_stateless(), prefix="cpu")
     assert stateless["decoder.embed_tokens"] == "cpu:1" and "shared" not in stateless

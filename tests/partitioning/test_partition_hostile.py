@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -263,8 +264,12 @@ def test_a_mistyped_ipu_config_is_one_line_before_costing(work: Path, capsys, co
 def test_all_outputs_of_a_command_are_one_write(work: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
     writes: list[set[str]] = []
     real = command.write_outputs
-    monkeypatch.setattr(command, "write_outputs", lambda outputs: (writes.append({Path(p).name for p in outputs}),
-                                                               real(outputs)))
+
+    def recorded(outputs: Mapping[Path, bytes]) -> None:
+        writes.append({Path(p).name for p in outputs})
+        real(outputs)
+
+    monkeypatch.setattr(command, "write_outputs", recorded)
     assert cli.main(tiny("--target", "ipu", "--ipus", "2", "--module-to-device", "map.json")) == 0
     assert writes == [{"plan.json", "map.json", "ipu_parallelize.py", "poptorch_options.conf"}]
     assert not [name for name in files(work) if is_temporary(Path(name).name)]

@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch.distributed as dist
@@ -24,9 +25,10 @@ from support import REPO, SUPPORT, TORCHRUN
 from support.t5_models import T5, config
 
 from common.errors import UserError
-from families.models import MicroBatch
+from families.models import MicroBatch, SharedWeight
 from partitioning.cost.chain import family_chain
 from partitioning.gpu.pipelining import PipelineRun, split_spec
+from partitioning.plan import Plan
 from partitioning.solve.partition import Settings, build_plan
 
 
@@ -158,7 +160,7 @@ def test_gpipe_and_1f1b_equal_single_process_training(tmp_path: Path, family: st
     assert_equal_to_reference(launch(ranks, list(cases), tmp_path, family), cases)
 
 
-def tiny_plan(split: list[str]):  # type: ignore[no-untyped-def]
+def tiny_plan(split: list[str]) -> tuple[Any, Plan]:  # (config, plan)
     cfg = config("1layer-relu-tied")
     chain = family_chain(T5, "T5ForConditionalGeneration", cfg, MicroBatch(2, {"source": 7, "target": 5}))
     names = [block.name for block in chain.blocks]
@@ -169,7 +171,9 @@ def tiny_plan(split: list[str]):  # type: ignore[no-untyped-def]
 
 def test_split_spec_cuts_before_each_later_stage_first_module() -> None:
     cfg, plan = tiny_plan(["decoder.embed", "lm_head"])
-    model = T5.build("T5ForConditionalGeneration", cfg).make_stateless()
+    built = T5.build("T5ForConditionalGeneration", cfg)
+    assert isinstance(built, SharedWeight)
+    model = built.make_stateless()
     assert list(split_spec(plan, model, "model.")) == ["model.decoder.embed_tokens", "model.lm_head"]
     encoder_only = T5.build("T5EncoderModel", cfg)
     with pytest.raises(UserError, match="'decoder.embed_tokens', which the model does not have"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from support.t5_models import T5, config
 from torch.distributed.pipelining._IR import Pipe, annotate_split_points
 
 from common.errors import UserError
-from families.models import MicroBatch
+from families.models import MicroBatch, SharedWeight
 from partitioning.cost.chain import family_chain
 from partitioning.cost.slices import aten_facts, backward_slice
 from partitioning.gpu.pipelining import CarryInputs, split_spec
@@ -154,9 +155,11 @@ def test_plans_round_trip_with_their_values_and_choices() -> None:
     assert old.values == [] and old.stages == plan.stages
 
 
-def _split(plan: Plan, cfg) -> tuple[Pipe, Recomputation, dict, torch.nn.Module]:  # type: ignore[no-untyped-def]
+def _split(plan: Plan, cfg: Any) -> tuple[Pipe, Recomputation, dict, torch.nn.Module]:
     torch.manual_seed(0)
-    model = T5.build("T5ForConditionalGeneration", cfg, "cpu").make_stateless()
+    built = T5.build("T5ForConditionalGeneration", cfg, "cpu")
+    assert isinstance(built, SharedWeight)
+    model = built.make_stateless()
     example = T5.inputs("T5ForConditionalGeneration", cfg, MB, "cpu", seed=3)
     wrapped = CarryInputs(model, tuple(example))
     annotate_split_points(wrapped, split_spec(plan, model, "model."))
@@ -176,9 +179,11 @@ def test_the_rewritten_split_replays_the_bias_and_computes_the_same_loss() -> No
     pipe, done, example, model = _split(plan, cfg)
     split = pipe.split_gm
     assert done.replayed == {1: [ENCODER_BIAS]} and [(link.sender, link.receiver) for link in done.links] == [(1, 0)]
-    received = [n.meta["val"].shape for n in split.submod_pp_1.graph.nodes if n.op == "placeholder"]
+    second = split.get_submodule("submod_pp_1")
+    assert isinstance(second, torch.fx.GraphModule)
+    received = [n.meta["val"].shape for n in second.graph.nodes if n.op == "placeholder"]
     assert torch.Size([2, 2, 7, 7]) not in received  # the bias is not sent
-    held = dict(split.submod_pp_1.named_parameters())
+    held = dict(second.named_parameters())
     assert "model.encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight" in held  # a replica
     with torch.no_grad():
         (loss,) = pipe(*example.values())
@@ -234,7 +239,8 @@ def _chains_with_values(draw: st.DrawFn) -> tuple[list[Block], list[Value], int,
 
 @hypothesis_settings(max_examples=200, deadline=None)
 @given(_chains_with_values())
-def test_partition_with_recomputation_equals_brute_force_from_the_definitions(problem) -> None:  # type: ignore[no-untyped-def]
+def test_partition_with_recomputation_equals_brute_force_from_the_definitions(
+        problem: tuple[list[Block], list[Value], int, Settings]) -> None:
     blocks, values, k, settings = problem
     n, chosen = len(blocks), choose_recomputed(values, settings)
     seconds = {v.name: recompute_seconds(v, settings) for v in values if v.name in chosen}

@@ -96,13 +96,14 @@ def test_committed_release_is_what_the_converter_writes(release: str, capsys: py
 def test_the_worker_reports_a_generated_model_that_differs(tmp_path: Path) -> None:
     """The harness can fail: a generated file whose layer norm is off by a factor is caught, case by case."""
     release = COMMITTED["v4_5_1"]
+    assert release is not None  # test_the_committed_releases_are_found
     source = (GENERATED / "v4_5_1" / "modeling_t5.py").read_text(encoding="utf-8")
     needle = "torch.rsqrt(variance + self.variance_epsilon)"
     assert source.count(needle) == 1
     broken = tmp_path / "modeling_t5.py"
     broken.write_text(source.replace(needle, "torch.rsqrt(variance + 2 * self.variance_epsilon)"), encoding="utf-8")
     returncode, record, stderr = run_worker(release, broken, tmp_path / "result.json", checks="eval,state-dict")
-    assert returncode == 1, stderr[-2000:]
+    assert returncode == 1 and record is not None, stderr[-2000:]
     assert record["checks"]["state-dict"]["ok"]
     eval_failures = record["checks"]["eval"]["failures"]
     assert len(eval_failures) == 12 and all("outputs differ" in m for m in eval_failures.values()), eval_failures

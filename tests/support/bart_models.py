@@ -19,7 +19,7 @@ generated = importlib.import_module("generated_models.bart.v4_5_1.modeling_bart"
 VOCAB, POSITIONS = 48, 40
 # 1-3 layers per stack, tied and untied LM head, gelu and relu, scaled embeddings, dropout 0.1 everywhere.
 # Layer drop stays 0 here (the generic tests seed torch only); tests/test_bart_layerdrop.py sets it.
-CONFIGS = {
+CONFIGS: dict[str, dict[str, Any]] = {  # config name -> the config class's keyword arguments
     "1layer-tied": dict(encoder_layers=1, decoder_layers=1),
     "2layer-untied": dict(encoder_layers=2, decoder_layers=2, tie_word_embeddings=False),
     "3layer-tied-relu-2dec": dict(encoder_layers=3, decoder_layers=2, activation_function="relu"),

@@ -26,7 +26,7 @@ VOCAB, POSITIONS, HIDDEN = 50, 40, 16
 # 1-3 layers, tied and untied heads, gelu and relu, relative positions, and a decoder with cross-attention
 # (last: the tracing tests use the second and the last configuration).  A chunked feed-forward does not
 # trace with fx (test_bert.py checks it eagerly).
-CONFIGS = {
+CONFIGS: dict[str, dict[str, Any]] = {  # config name -> the config class's keyword arguments
     "1layer-tied": dict(num_hidden_layers=1),
     "2layer-untied-relu": dict(num_hidden_layers=2, tie_word_embeddings=False, hidden_act="relu"),
     "2layer-relative-key-query": dict(num_hidden_layers=2, position_embedding_type="relative_key_query"),
@@ -119,7 +119,7 @@ def encoder_family(name: str, stock_module: ModuleType, generated_module: Module
     """BERT or RoBERTa as the model tests see it: ``prefix``Model and its ``heads``; ids from ``low``; the default
     class trains on ``train_inputs``."""
     base = f"{prefix}Model"
-    paths = {base: ("hidden", "token-types")}
+    paths: dict[str, tuple[str, ...]] = {base: ("hidden", "token-types")}
     for head in heads:
         paths[head] = ("labels", "labels-only", "logits", "token-types") if head.endswith("ForPreTraining") \
             else ("labels", "logits", "token-types")

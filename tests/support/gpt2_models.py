@@ -18,7 +18,7 @@ generated = importlib.import_module("generated_models.gpt2.v4_5_1.modeling_gpt2"
 
 VOCAB, POSITIONS = 50, 32
 # 1-3 layers, tied and untied LM head, gelu_new and relu, cross-attention, dropout 0.1 everywhere.
-CONFIGS = {
+CONFIGS: dict[str, dict[str, Any]] = {  # config name -> the config class's keyword arguments
     "1layer-tied": dict(n_layer=1),
     "2layer-untied": dict(n_layer=2, tie_word_embeddings=False),
     "3layer-tied-relu-inner": dict(n_layer=3, activation_function="relu", n_inner=24),

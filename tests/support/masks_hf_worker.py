@@ -80,10 +80,10 @@ def cases() -> Iterator[tuple[str, str, bool, dict[str, Any]]]:
                         kwargs["encoder_hidden_states"] = torch.randn(batch, kv_length, HIDDEN, dtype=dtype)
                     yield f"{kind}-{mask}-{dtype_name}-b{batch}q{q_length}kv{kv_length}", function, is_causal, kwargs
     # Arguments HF accepts and, in these calls, does not read; a mask is materialized where HF may skip it.
-    embeds, mask = torch.randn(2, 5, HIDDEN), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    embeds, attention = torch.randn(2, 5, HIDDEN), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
     positions = torch.arange(5).expand(2, 5)
     yield ("causal-position-ids-with-mask", "create_causal_mask", True,
-           {"inputs_embeds": embeds, "attention_mask": mask, "past_key_values": None, "position_ids": positions})
+           {"inputs_embeds": embeds, "attention_mask": attention, "past_key_values": None, "position_ids": positions})
     yield ("causal-off-position-ids-no-mask", "create_causal_mask", False,
            {"inputs_embeds": embeds, "attention_mask": None, "past_key_values": None, "position_ids": positions})
     yield ("causal-no-skip", "create_causal_mask", True,
@@ -91,7 +91,7 @@ def cases() -> Iterator[tuple[str, str, bool, dict[str, Any]]]:
     yield ("bidirectional-no-skip", "create_bidirectional_mask", True,
            {"inputs_embeds": embeds, "attention_mask": None, "allow_is_bidirectional_skip": False})
     yield ("bidirectional-extra-kwarg", "create_bidirectional_mask", True,
-           {"inputs_embeds": embeds, "attention_mask": mask, "position_ids": positions})
+           {"inputs_embeds": embeds, "attention_mask": attention, "position_ids": positions})
     # Sizes and dtype from where HF reads them: kv_len from a mask longer than the queries,
     # batch and dtype from encoder_hidden_states rather than inputs_embeds.
     longer = torch.tensor([[1, 1, 0, 1, 1, 1, 0], [1, 1, 1, 1, 1, 0, 0]])

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the support package
-from families.models import MicroBatch  # noqa: E402
+from families.models import MicroBatch, SharedWeight  # noqa: E402
 from partitioning.cost.chain import family_chain
 from partitioning.gpu.pipelining import PipelineRun  # noqa: E402
 from partitioning.solve.partition import Settings, build_plan, partition  # noqa: E402
@@ -37,16 +37,18 @@ def without_dropout(cfg: object) -> object:
 
 
 def run_case(family: Family, case: str, out: Path) -> None:
-    config_name, schedule, micro_batches, split, *options = case.split(":")
+    config_name, schedule, chunks, split, *options = case.split(":")
     tied_sum = "allreduce" if "allreduce" in options else "ordered"
-    micro_batches = int(micro_batches)
+    micro_batches = int(chunks)
     # ordered: bit-equal to the reference; allreduce: equal up to the order of the float sum
     same = torch.equal if tied_sum == "ordered" else lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-6)
     cfg = without_dropout(family.make_config(config_name))
     models = family.model_family
     class_name = models.definition.default_class
     torch.manual_seed(0)
-    model = models.build(class_name, cfg, device="cpu").make_stateless()
+    built = models.build(class_name, cfg, device="cpu")
+    assert isinstance(built, SharedWeight), class_name  # every family these cases run shares a weight
+    model = built.make_stateless()
     reference = copy.deepcopy(model)
 
     micro_batch = MicroBatch(PER_MICRO_BATCH, family.train_lengths)
@@ -83,11 +85,13 @@ def run_case(family: Family, case: str, out: Path) -> None:
             loss.backward()
             expected.append(loss.detach())
         for p in reference.parameters():
+            assert p.grad is not None  # every parameter of the reference trains
             p.grad.div_(micro_batches)  # as the schedule scales gradients
         if last and not (len(losses) == micro_batches and all(same(a.detach(), b) for a, b in zip(losses, expected))):
             problems.append(f"step {step}: losses {losses} != {expected}")
         for name, p in local.items():
-            if p.grad is None or not same(p.grad, reference_parameters[name].grad):
+            expected_grad = reference_parameters[name].grad
+            if p.grad is None or expected_grad is None or not same(p.grad, expected_grad):
                 problems.append(f"step {step}: gradient of {name}")
         optimizer.step(), reference_optimizer.step()
         optimizer.zero_grad(), reference_optimizer.zero_grad()

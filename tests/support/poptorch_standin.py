@@ -34,6 +34,9 @@ from typing import Any
 
 import torch
 
+# A block start as BeginBlock gives it: (user_id, ipu_id), either of which PopTorch lets the caller leave out.
+Stage = tuple[str | None, int | None]
+
 
 class Block:
     _stages_manager: Tracer | None = None  # set only while "tracing for the IPU"
@@ -43,15 +46,15 @@ class Block:
 class Tracer:
     """Records block starts, recomputation checkpoints and serialized matmuls, in the order the forward makes them."""
 
-    starts: list[tuple[str, int]] = field(default_factory=list)
-    checkpoints: list[tuple[str, int] | None] = field(default_factory=list)
-    serialized: list[tuple[tuple[str, int] | None, int]] = field(default_factory=list)  # (block, factor)
+    starts: list[Stage] = field(default_factory=list)
+    checkpoints: list[Stage | None] = field(default_factory=list)
+    serialized: list[tuple[Stage | None, int]] = field(default_factory=list)  # (block, factor)
 
     @property
-    def current(self) -> tuple[str, int] | None:
+    def current(self) -> Stage | None:
         return self.starts[-1] if self.starts else None
 
-    def beginStage(self, user_id: str, ipu_id: int) -> None:  # noqa: N802 (PopTorch's name)
+    def beginStage(self, user_id: str | None, ipu_id: int | None) -> None:  # noqa: N802 (PopTorch's name)
         self.starts.append((user_id, ipu_id))
 
 

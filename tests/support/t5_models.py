@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import pytest
 import torch
@@ -31,8 +32,11 @@ def t5_roles(tied: bool, stateless: bool) -> Roles:
     return roles_for("t5", "T5ForConditionalGeneration", {"tie_word_embeddings": tied}, stateless)
 
 
-def pair(class_name: str, config_name: str, seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """The stock and the generated model holding the same weights."""
+def pair(class_name: str, config_name: str, seed: int = 0) -> tuple[Any, Any]:
+    """The stock and the generated model holding the same weights.
+
+    Typed Any: mypy sees neither a transformers model's attributes nor a generated one's (imported by name).
+    """
     cfg = config(config_name)
     torch.manual_seed(seed)
     reference = getattr(stock, class_name)(cfg)

@@ -41,6 +41,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -67,6 +68,7 @@ class Models:
 
         self.config_class, self.stock = T5Config, modeling_t5
         spec = importlib.util.spec_from_file_location(f"generated_t5_{abs(hash(generated_file))}", generated_file)
+        assert spec is not None and spec.loader is not None  # a .py file: the source loader
         self.generated = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = self.generated
         spec.loader.exec_module(self.generated)
@@ -83,7 +85,8 @@ class Models:
     def attention(self) -> str:
         return self.config(TIED)._attn_implementation if self.selects_attention else "eager (only)"
 
-    def pair(self, class_name: str, config_name: str, seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
+    def pair(self, class_name: str, config_name: str, seed: int = 0) -> tuple[Any, Any]:
+        """Stock and generated, same weights; Any: mypy sees neither model's attributes (imported by name)."""
         cfg = self.config(config_name)
         torch.manual_seed(seed)
         reference = getattr(self.stock, class_name)(cfg)
@@ -93,7 +96,7 @@ class Models:
         converted.load_state_dict(reference.state_dict(), strict=True)
         return reference, converted
 
-    def build(self, class_name: str, config_name: str = TRACE_CONFIG) -> torch.nn.Module:
+    def build(self, class_name: str, config_name: str = TRACE_CONFIG) -> Any:  # a generated model, as pair's
         torch.manual_seed(0)
         return getattr(self.generated, class_name)(self.config(config_name))
 
@@ -106,11 +109,12 @@ def compare_gradients(converted: torch.nn.Module, grads: dict[str, torch.Tensor 
     compared = 0
     for name, parameter in converted.named_parameters():
         assert name in grads, f"parameter {name} is not stock's"
-        if grads[name] is None:
+        expected = grads[name]
+        if expected is None:
             assert parameter.grad is None, f"{name}: gradient where stock has none"
             continue
         assert parameter.grad is not None, f"{name}: no gradient where stock has one"
-        assert torch.equal(parameter.grad, grads[name]), f"{name}: gradient differs"
+        assert torch.equal(parameter.grad, expected), f"{name}: gradient differs"
         compared += 1
     return compared
 

@@ -24,7 +24,9 @@ def body(code: str) -> list[cst.BaseStatement]:
 
 
 def code(statements: list[cst.BaseStatement]) -> str:
-    return cst.Module(body=statements).code
+    lines = [s for s in statements if isinstance(s, (cst.SimpleStatementLine, cst.BaseCompoundStatement))]
+    assert len(lines) == len(statements)  # a statement is one of these two kinds
+    return cst.Module(body=lines).code
 
 
 # --- syntax ----------------------------------------------------------------------------------------------
@@ -102,7 +104,9 @@ def test_purity() -> None:
 
 def fold(text: str, **env: str) -> str:
     known = {name: Known(E(value), False) for name, value in env.items()}
-    return code_of(E(text).visit(ExpressionFolder(known)))
+    folded = E(text).visit(ExpressionFolder(known))
+    assert isinstance(folded, cst.BaseExpression)  # folding replaces an expression by an expression
+    return code_of(folded)
 
 
 @pytest.mark.parametrize(("text", "folded"), [
@@ -267,8 +271,9 @@ def test_the_outermost_fact_wins_and_an_inner_one_is_not_used() -> None:
     inner = Fact(cst.parse_expression("self.config.kind"), cst.parse_expression('"eager"'), "r", guarded=False)
     outer = Fact(cst.parse_expression("REGISTRY.get(self.config.kind, f)"), cst.parse_expression("f"), "r",
                  guarded=False)
-    body = cst.parse_module("def g(self):\n    a = REGISTRY.get(\n        self.config.kind, f\n    )\n"
-                            "    return a\n").body[0].body
+    function = cst.parse_module("def g(self):\n    a = REGISTRY.get(\n        self.config.kind, f\n    )\n"
+                                "    return a\n").body[0]
+    body = cst.ensure_type(cst.ensure_type(function, cst.FunctionDef).body, cst.IndentedBlock)
     rewritten, used = rewrite_facts([inner, outer], body)
     assert used == [outer]
     assert code_of(rewritten.body[0]).strip() == "a = f"

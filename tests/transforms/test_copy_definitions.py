@@ -1,3 +1,5 @@
+from typing import Any
+
 import pytest
 from support.transform_helpers import assert_rewrites, assert_unchanged, run
 
@@ -37,7 +39,7 @@ def limited(x):
     return min(x, LIMIT)
 '''
 SCRATCH = {"support_sources": {"transformers/modeling_utils.py": SUPPORT}}
-OPTIONS = {"source": "transformers/modeling_utils.py", "names": ["Conv1D"], "scratch": SCRATCH}
+OPTIONS: dict[str, Any] = {"source": "transformers/modeling_utils.py", "names": ["Conv1D"], "scratch": SCRATCH}
 MODULE = "transformers.models.gpt2.modeling_gpt2"
 
 

@@ -786,7 +786,8 @@ def test_t5_attention_gets_a_dropout_module() -> None:
     compile(result, "modeling_t5.py", "exec")
 
     # The converted file still builds T5Attention, now with a dropout submodule beside its float rate.
-    namespace = {"__name__": "transformers.models.t5.modeling_t5_converted", "__package__": "transformers.models.t5"}
+    namespace: dict[str, Any] = {"__name__": "transformers.models.t5.modeling_t5_converted",
+                                 "__package__": "transformers.models.t5"}
     exec(compile(result, "modeling_t5.py", "exec"), namespace)
     config = T5Config(d_model=16, d_kv=4, num_heads=2, dropout_rate=0.25)
     original = T5Attention(config, has_relative_attention_bias=True)

@@ -4,6 +4,7 @@ from textwrap import dedent
 import libcst as cst
 import libcst.matchers as m
 import pytest
+import torch
 from conftest import T5_SOURCE
 from support import transform_helpers
 from support.transform_helpers import assert_rewrites, assert_unchanged, run
@@ -252,7 +253,6 @@ def test_left_alone(code: str) -> None:
 
 
 def test_runtime_same_loss_same_state_dict_and_traces() -> None:
-    torch = pytest.importorskip("torch")
     code = dedent("""\
         from torch import nn
         from torch.nn import CrossEntropyLoss
@@ -291,7 +291,7 @@ def test_t5_source() -> None:
     compile(result, "modeling_t5.py", "exec")
     [model] = [s for s in cst.parse_module(result).body
                if m.matches(s, m.ClassDef(m.Name("T5ForConditionalGeneration")))]
-    methods = {f.name.value: f for f in model.body.body if isinstance(f, cst.FunctionDef)}
+    methods = {f.name.value: f for f in cst.ensure_type(model, cst.ClassDef).body.body if isinstance(f, cst.FunctionDef)}
     code = cst.Module([]).code_for_node
     assert code(methods["__init__"].body.body[-1]).strip() == "self.loss_fct = CrossEntropyLoss(ignore_index=-100)"
     forward = code(methods["forward"])

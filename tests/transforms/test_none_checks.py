@@ -313,7 +313,7 @@ def test_t5_has_no_none_comparison_left() -> None:
 
 ATOM, COMPARISON, NOT, AND, OR, TERNARY, LAMBDA = range(7)
 Expr = tuple[str, int]  # source text, and how loosely it binds
-VALUES = {"None": None, "zero": 0, "one": 1, "empty": "", "nil": [], "obj": SimpleNamespace(p=None, q=1)}
+VALUES: dict[str, object] = {"None": None, "zero": 0, "one": 1, "empty": "", "nil": [], "obj": SimpleNamespace(p=None, q=1)}
 NAMESPACE = {
     "f": lambda x, y: y if x is None else x,
     "g": lambda x: None if x else x,
@@ -375,8 +375,13 @@ BINDINGS = st.fixed_dictionaries({name: st.sampled_from(sorted(VALUES)) for name
 def outcome(code: str, bindings: dict[str, str]) -> str:
     """What running ``code`` leaves in ``RESULT`` or raises, and what it passed to ``h``, without addresses."""
     calls: list[Any] = []
+
+    def h(x: Any) -> Any:
+        calls.append(x)
+        return x
+
     namespace = {"__builtins__": builtins, **NAMESPACE, **{name: VALUES[key] for name, key in bindings.items()},
-                 "h": lambda x: calls.append(x) or x}
+                 "h": h}
     try:
         with warnings.catch_warnings():
             # The grammar writes ``0 is None`` and ``[][...]``, which the compiler flags.

@@ -1,3 +1,5 @@
+from typing import Any
+
 import pytest
 from support.transform_helpers import assert_rewrites, assert_unchanged, run
 
@@ -20,7 +22,7 @@ class Mixin:
     def uses_module_global(self):
         return HELPER
 '''
-OPTIONS = {"source": "pkg/utils.py", "from_class": "Mixin", "into": "Model", "methods": ["extend"],
+OPTIONS: dict[str, Any] = {"source": "pkg/utils.py", "from_class": "Mixin", "into": "Model", "methods": ["extend"],
            "scratch": {"support_sources": {"pkg/utils.py": SUPPORT}}}
 
 

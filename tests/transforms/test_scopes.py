@@ -60,7 +60,7 @@ def test_scoping_rules() -> None:
         """))
     index = ModuleIndex(tree, PACKAGE)
     names = {dotted_name(n): n for n in index.nodes(cst.Attribute) if dotted_name(n)}
-    assert index.qualified_names(tree.body[4].bases[0].value) == {"torch.nn.Module"}
+    assert index.qualified_names(cst.ensure_type(tree.body[4], cst.ClassDef).bases[0].value) == {"torch.nn.Module"}
     assert index.qualified_names(names["other.Linear"]) == {"torch.nn.Linear"}
     assert index.qualified_names(names["sibling.x"]) == {"transformers.models.t5.sibling.x"}
     assert index.qualified_names(names["nn.ReLU"]) == {"torch.nn.ReLU"}  # the class body's nn is not seen

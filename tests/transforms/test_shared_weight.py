@@ -6,6 +6,9 @@ the embedding and the tied head), with the options its recipe gives.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 from support.transform_helpers import assert_rewrites, assert_unchanged, run
 
@@ -13,7 +16,7 @@ from common.schema import OptionError
 from transforms.library.base import TransformError
 from transforms.shared_weight import SharedWeight, SharedWeightOptions
 
-COMMON = {"weight": "shared_embed_weight", "parameter": "shared_embedding"}
+COMMON: dict[str, Any] = {"weight": "shared_embed_weight", "parameter": "shared_embedding"}
 
 # make_stateless/make_stateful/stateful_state_dict, as added to a model owning the weight.
 METHODS = '''
@@ -47,7 +50,7 @@ def methods(shared: str, users: str, tied: str = "None") -> str:
 
 # -- T5: a model-level module registered again in two stacks; the stacks receive the weight ---------------
 
-T5 = dict(COMMON, models={
+T5: dict[str, Any] = dict(COMMON, models={
     "T5Model": {"shared": "shared", "users": ["encoder.embed_tokens", "decoder.embed_tokens"]},
     "T5ForConditionalGeneration": {"shared": "shared", "users": ["encoder.embed_tokens", "decoder.embed_tokens"],
                                    "tied_linear": "lm_head", "tied_when": "self.config.tie_word_embeddings"},
@@ -108,7 +111,7 @@ def test_t5_stacks_receive_the_weight_first() -> None:
 
 # -- GPT-2: the base model owns wte and is a model on its own; the LM head model passes it by keyword --------
 
-GPT2 = dict(COMMON, models={
+GPT2: dict[str, Any] = dict(COMMON, models={
     "GPT2Model": {"shared": "wte", "users": ["wte"]},
     "GPT2LMHeadModel": {"shared": "transformer.wte", "users": ["transformer.wte"], "tied_linear": "lm_head",
                         "tied_when": "self.config.tie_word_embeddings"},
@@ -201,7 +204,7 @@ class Head:
 
 # -- BERT/RoBERTa: two levels down to the word embeddings; the tied decoder two levels down the head ----------
 
-BERT = dict(COMMON, models={
+BERT: dict[str, Any] = dict(COMMON, models={
     "BertModel": {"shared": "embeddings.word_embeddings", "users": ["embeddings.word_embeddings"]},
     "BertForMaskedLM": {"shared": "bert.embeddings.word_embeddings", "users": ["bert.embeddings.word_embeddings"],
                         "tied_linear": "cls.predictions.decoder", "tied_when": "self.config.tie_word_embeddings"},
@@ -303,7 +306,7 @@ def test_bert_weight_threads_two_levels_down_to_the_embeddings_and_the_decoder()
 
 # -- BART: T5's layout one level deeper, the base model a model on its own -------------------------------------
 
-BART = dict(COMMON, models={
+BART: dict[str, Any] = dict(COMMON, models={
     "BartModel": {"shared": "shared", "users": ["encoder.embed_tokens", "decoder.embed_tokens"]},
     "BartForConditionalGeneration": {"shared": "model.shared",
                                      "users": ["model.encoder.embed_tokens", "model.decoder.embed_tokens"],
@@ -453,7 +456,7 @@ def test_a_class_the_module_lacks_is_a_warning() -> None:
     (lambda o: o["models"]["GPT2LMHeadModel"].pop("tied_when"), "tied_linear and tied_when go together"),
     (lambda o: o["models"]["GPT2Model"].update(shraed="wte"), "models.GPT2Model.shraed: unknown key"),
 ])
-def test_options_are_checked(change, message: str) -> None:  # type: ignore[no-untyped-def]
+def test_options_are_checked(change: Callable[[dict[str, Any]], object], message: str) -> None:
     import copy
 
     from common.schema import parse_options

@@ -1,3 +1,5 @@
+from typing import Any
+
 import pytest
 from support.transform_helpers import assert_rewrites, assert_unchanged, run
 
@@ -5,7 +7,7 @@ from common.schema import OptionError
 from transforms.library.base import TransformError
 from transforms.single_output import SingleOutput
 
-RETURNS = {"returns": {"LM": "loss if labels is not None else logits", "Encoder": "outputs[0]"}}
+RETURNS: dict[str, Any] = {"returns": {"LM": "loss if labels is not None else logits", "Encoder": "outputs[0]"}}
 
 
 def test_every_return_of_forward_becomes_the_recipe_value() -> None:
@@ -132,7 +134,7 @@ class Head(Pre):
         run(SingleOutput, code, returns={}, items={"Head": {"self.transformer": 0}})
 
 
-NESTED = {"returns": {"Base": "seq", "Heads": "self.cls(seq, pooled)"},
+NESTED: dict[str, Any] = {"returns": {"Base": "seq", "Heads": "self.cls(seq, pooled)"},
           "nested": {"Base": {"returns": "(seq, pooled)", "callers": {"Heads": "self.bert"}}}}
 
 

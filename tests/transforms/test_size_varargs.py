@@ -1,4 +1,8 @@
+from collections.abc import Callable
+from typing import Any
+
 import pytest
+import torch
 from conftest import T5_SOURCE
 from support.transform_helpers import assert_rewrites, assert_unchanged, run
 
@@ -78,10 +82,9 @@ def test_left_alone(code: str) -> None:
 
 
 def test_rewritten_call_traces_with_fx() -> None:
-    torch = pytest.importorskip("torch")
     code = "import torch\ndef f(x):\n    return torch.ones(x.shape[0], x.shape[1], dtype=x.dtype) + x\n"
 
-    def traced(source: str) -> object:
+    def traced(source: str) -> torch.fx.GraphModule:
         namespace: dict = {}
         exec(source, namespace)
         return torch.fx.symbolic_trace(namespace["f"])
@@ -162,11 +165,10 @@ def test_what_may_not_be_a_shape_is_left_alone(code: str) -> None:
 
 
 def test_concatenated_shapes_trace_with_fx_and_export() -> None:
-    torch = pytest.importorskip("torch")
     code = ("import torch\ndef f(x):\n    input_shape = x.shape[:-1]\n"
             "    return x.view(*input_shape, 2, -1).reshape(*input_shape, -1) * 2\n")
 
-    def build(source: str) -> object:
+    def build(source: str) -> Callable[..., Any]:
         namespace: dict = {}
         exec(source, namespace)
         return namespace["f"]

@@ -1,13 +1,14 @@
 from __future__ import annotations
 
 from textwrap import dedent
+from typing import Any
 
 import pytest
 from support.transform_helpers import assert_rewrites, assert_unchanged, run
 
 from transforms.specialize_arguments import SpecializeArguments
 
-OPTIONS = {"constants": {"head_mask": "None", "use_cache": "False", "return_dict": "False",
+OPTIONS: dict[str, Any] = {"constants": {"head_mask": "None", "use_cache": "False", "return_dict": "False",
                          "output_attentions": "False"}}
 
 
@@ -647,7 +648,7 @@ LAYERS = """\
         def forward(self, x, encoder_hidden_states=None):
             return self.encoder(x, None, encoder_hidden_states=encoder_hidden_states)
     """
-CROSS = {"constants": {"encoder_hidden_states": "None"}}
+CROSS: dict[str, Any] = {"constants": {"encoder_hidden_states": "None"}}
 
 
 def test_positional_arguments_are_dropped_at_submodule_and_layer_loop_calls() -> None:
