@@ -38,7 +38,7 @@ import torch.fx
 import torch.nn.functional as F
 
 from stateless.checks import is_None, is_not_None
-from stateless.leaves import finfo
+from stateless.dtypes import finfo
 from stateless.masks import _check_padding_mask, _refuse_cache_arguments, create_bidirectional_mask
 
 torch.fx.wrap("finfo")

@@ -23,6 +23,7 @@ from torch import nn
 
 from common.errors import UserError
 from families.family import ModelFamily
+from families.models import SharedWeight
 from partitioning.train.checkpoint import Checkpoint, describe_shape
 
 
@@ -74,7 +75,7 @@ def build_meta(family: ModelFamily, class_name: str, config: Any) -> MetaModel:
         stock.setdefault(id(tensor), []).append(name)
     stock_order = [id(p) for p in model.parameters()]
     state_keys = list(model.state_dict(keep_vars=True))
-    if hasattr(model, "make_stateless"):
+    if isinstance(model, SharedWeight):
         model.make_stateless()
     named = dict(model.named_parameters(remove_duplicate=False))
     keys = {name: tuple(stock[id(p)]) for name, p in named.items()}

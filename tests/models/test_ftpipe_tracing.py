@@ -23,6 +23,7 @@ from support.t5_models import call_kwargs, config, generated, inputs
 from torch import nn
 
 import stateless
+from families.models import SharedWeight
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ CASES = [
 def prepared(family: str, class_name: str, config_name: str, form: str) -> nn.Module:
     model = FAMILIES[family].build(class_name, config_name).eval()
     if form == "stateless":
+        assert isinstance(model, SharedWeight)
         model.make_stateless()
     return model
 
@@ -119,6 +121,7 @@ def test_ftpipe_trace_runs_like_eager(family: str, class_name: str, path: str, c
     assert all(not isinstance(m, ftpipe_standin.Layer) for m in model.modules()), "model not restored"
     if form == "stateless":
         # One graph input holds the shared weight; every stateless layer receives it.
+        assert spec.shared_weight is not None  # stateless cases exist only for families with one
         weight = getattr(model, spec.shared_weight)
         holders = [i for i, node in enumerate(graph.nodes) if node.kind == "parameter" and node.target is weight]
         layers = [m for m in model.modules() if getattr(m, "takes_shared_weight", False)]

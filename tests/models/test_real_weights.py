@@ -45,7 +45,7 @@ def test_generated_bert_equals_stock_on_trained_weights(reference, form: str) ->
     if form == "stateless":
         model.make_stateless()
     model.load_state_dict(real_weights.state_dict(), strict=True)
-    with torch.no_grad():
+    with torch.no_grad(), threads():  # the reference's thread count
         assert torch.equal(model(**batch), expected)
 
 

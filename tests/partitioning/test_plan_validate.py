@@ -287,14 +287,14 @@ def test_an_edited_ipu_module_is_kept(work, capsys):
 def test_stateless_model_saves_a_stock_checkpoint(tmp_path):
     """Was: a checkpoint without the embedding; from_pretrained re-initialized wte and lm_head with a log line."""
     import torch
+    from support.gpt2_models import generated
     from transformers import GPT2Config
-
-    from generated_models.gpt2.v4_5_1.modeling_gpt2 import GPT2LMHeadModel
+    from transformers import GPT2LMHeadModel as StockGPT2LMHeadModel
 
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(**{k: v for k, v in GPT2.items() if k != "model_type"})).make_stateless()
+    model = generated.GPT2LMHeadModel(GPT2Config(**{k: v for k, v in GPT2.items() if k != "model_type"})).make_stateless()
     model.save_pretrained(tmp_path)
-    loaded = GPT2LMHeadModel.from_pretrained(tmp_path)
+    loaded = StockGPT2LMHeadModel.from_pretrained(tmp_path)  # the stock class: the checkpoint is in stock form
     assert torch.equal(loaded.transformer.wte.weight, model.shared_embed_weight)
     assert torch.equal(loaded.lm_head.weight, model.shared_embed_weight)
     assert "save_pretrained" not in model.make_stateful().__dict__  # the stateful form saves as the class does
