@@ -121,8 +121,9 @@ class PipelineRun:
         self.input_names = tuple(example)
         self.stages, self.micro_batches, self.tied_sum = len(plan.stages), micro_batches, tied_sum
         # Every rank makes every group, in the same order: the plan is the same on all of them.
-        side = (dist.new_group(list(range(world))) if mesh is None else self.group) \
-            if any(stage.recompute for stage in plan.stages) else None
+        # the gradient links' own group per replica (on the stages' group their messages would mix with the engine's)
+        side = [dist.new_group(row) for row in (mesh.mesh.tolist() if mesh is not None else [list(range(world))])
+                ][dist.get_rank() // world] if any(stage.recompute for stage in plan.stages) else None
         wrapped = CarryInputs(model, self.input_names)
         annotate_split_points(wrapped, split_spec(plan, model, _PREFIX))
         self.recomputation = Recomputation()
@@ -156,11 +157,16 @@ class PipelineRun:
         """DDP over this stage's replicas; tied copies are left to :meth:`sync_tied_gradients`."""
         from torch.nn.parallel import DistributedDataParallel
 
+        class StageDDP(DistributedDataParallel):
+            @property
+            def graph(self) -> torch.fx.Graph:  # the engine reads its stage module's graph (the traced frontend)
+                return self.module.graph
+
         tied = [copy.name for copy in self.tied]
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self.module, tied)
         if any(p.requires_grad for name, p in self.module.named_parameters() if name not in tied):
             # the engine sees DDP and runs every backward but a step's last under no_sync()
-            self.stage.submod = DistributedDataParallel(
+            self.stage.submod = StageDDP(
                 self.module, process_group=self.dp_group, broadcast_buffers=False,
                 device_ids=[device] if device.type == "cuda" else None)
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 
 from common.errors import UserError
 from families.definition import InputSpec
@@ -170,7 +170,13 @@ def _mesh(replicas: int, stages: int, device: torch.device) -> DeviceMesh | None
     if dist.get_world_size() != replicas * stages:
         raise UserError(f"{replicas} replicas of {stages} stages need {replicas * stages} ranks, not "
                         f"{dist.get_world_size()}")
-    return init_device_mesh(device.type, (replicas, stages), mesh_dim_names=("dp", "pp"))
+    # every rank creates every group, in one order, as it does the tied-weight groups that follow
+    layout = torch.arange(replicas * stages).reshape(replicas, stages)
+    rank = dist.get_rank()
+    dp = [dist.new_group(column.tolist()) for column in layout.T]
+    pp = [dist.new_group(row.tolist()) for row in layout]
+    replica, stage = divmod(rank, stages)
+    return DeviceMesh.from_group([dp[stage], pp[replica]], device.type, layout, mesh_dim_names=("dp", "pp"))
 
 
 def load_stage(plan: Plan, checkpoint: Path, device: torch.device | None = None,
