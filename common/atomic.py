@@ -24,7 +24,11 @@ journal directory are serialized with ``flock`` on it.  A reader looking during
 the renames can still see a mix: this is crash consistency, not isolation.
 
 One file (:func:`write_atomic`) needs no journal or backup: one rename cannot
-be split.  Failures raise ``OSError`` (``InterruptedError`` for a held signal
+be split.  Several writers (the ranks of a distributed save) each :func:`stage`
+their own files beside the targets; one of them then :func:`commit_staged` s
+them all, with the same journal, and may remove stale files in the same
+commit.  A staged temporary whose writer died is removed by the next write or
+:func:`recover` there.  Failures raise ``OSError`` (``InterruptedError`` for a held signal
 whose handler did not raise).
 """
 
@@ -36,7 +40,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +88,54 @@ def write_all_atomic(files: Mapping[Path, bytes], root: Path | None = None) -> N
             raise
 
 
+def stage(target: Path, data: bytes | Callable[[Path], None]) -> Path:
+    """Write ``data`` (fsynced) to a temporary beside ``target`` for a later :func:`commit_staged`; return its path.
+
+    ``data`` may be a function writing the (created, empty) temporary itself: a
+    large file then never sits in memory as bytes.
+    """
+    temp = _beside(Path(os.path.abspath(target)), "tmp")
+    if isinstance(data, bytes):
+        _stage(temp, data)
+        return temp
+    _stage(temp, b"")
+    try:
+        data(temp)
+        fd = os.open(temp, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    return temp
+
+
+def commit_staged(staged: Mapping[Path, Path], root: Path, remove: Iterable[Path] = ()) -> None:
+    """Rename each temporary of ``staged`` (target -> what :func:`stage` returned, possibly in another process)
+    over its target and remove the files of ``remove``, all or nothing; ``root`` holds the journal.
+
+    On failure the temporaries are removed too: the writers stage again.
+    """
+    targets = {Path(os.path.abspath(target)): Path(os.path.abspath(temp)) for target, temp in staged.items()}
+    removed = [Path(os.path.abspath(path)) for path in remove if os.path.lexists(path)]
+    journal_dir = Path(os.path.abspath(root))
+    if any(journal_dir not in target.parents for target in [*targets, *removed]):
+        raise ValueError(f"commit_staged: every target must lie under {journal_dir}")
+    for target in [*targets, *removed]:
+        if target.is_dir() and not target.is_symlink():
+            raise IsADirectoryError(errno.EISDIR, "a directory is in the way", str(target))
+    with held_signals() as pending, locked(journal_dir, pending):
+        keep = set(targets.values())  # staged by writers that may live on other hosts: never a dead leftover
+        for directory in dict.fromkeys([journal_dir, *(target.parent for target in [*targets, *removed])]):
+            _clean(directory, keep)
+        plan = [_Entry(target, temp, _beside(target, "bak") if os.path.lexists(target) else None)
+                for target, temp in targets.items()]
+        plan += [_Entry(target, None, _beside(target, "bak")) for target in removed if target not in targets]
+        _commit_plan(plan, [], journal_dir, pending)
+
+
 def recover(directory: Path) -> None:
     """Roll back a write that died in ``directory``; remove dead writers' temporaries and backups there."""
     directory = Path(os.path.abspath(directory))
@@ -104,7 +156,7 @@ def is_temporary(name: str) -> bool:
 @dataclass(frozen=True)
 class _Entry:
     target: Path
-    temp: Path
+    temp: Path | None  # None: the target is removed
     backup: Path | None  # planned only for a target that exists
 
 
@@ -112,20 +164,37 @@ def _commit(targets: dict[Path, bytes], journal_dir: Path, pending: list[int]) -
     plan = [_Entry(target, _beside(target, "tmp"), _beside(target, "bak") if os.path.lexists(target) else None)
             for target in targets]
     new_dirs = _missing_dirs([target.parent for target in targets])
+    _commit_plan(plan, new_dirs, journal_dir, pending, _writer(targets))
+
+
+def _writer(targets: dict[Path, bytes]) -> Callable[[_Entry], None]:
+    def write(entry: _Entry) -> None:
+        assert entry.temp is not None
+        _stage(entry.temp, targets[entry.target])
+    return write
+
+
+def _commit_plan(plan: list[_Entry], new_dirs: list[Path], journal_dir: Path, pending: list[int],
+                 write: Callable[[_Entry], None] | None = None) -> None:
+    """Stage (``write``, unless already staged), back up, rename (or remove) every entry; undo all on failure."""
     journal = _write_journal(journal_dir, plan, new_dirs) if len(plan) > 1 else None
     try:
         for directory in new_dirs:
             os.mkdir(directory)
-        for entry in plan:
-            check_signals(pending)
-            _stage(entry.temp, targets[entry.target])
+        if write is not None:
+            for entry in plan:
+                check_signals(pending)
+                write(entry)
         for entry in plan:
             if entry.backup is not None:
                 _backup(entry.target, entry.backup)
         for entry in plan:
             check_signals(pending)
-            os.replace(entry.temp, entry.target)
-        for directory in dict.fromkeys(target.parent for target in targets):
+            if entry.temp is None:
+                os.unlink(entry.target)
+            else:
+                os.replace(entry.temp, entry.target)
+        for directory in dict.fromkeys(entry.target.parent for entry in plan):
             _fsync_dir(directory)
     except BaseException:
         try:
@@ -147,12 +216,13 @@ def _undo(plan: list[_Entry], new_dirs: list[Path]) -> None:
     """Put back what ``plan`` changed, whatever step it reached (also for a dead writer's journal)."""
     for entry in reversed(plan):
         if entry.backup is None:
-            if not os.path.lexists(entry.temp):
+            if entry.temp is not None and not os.path.lexists(entry.temp):
                 entry.target.unlink(missing_ok=True)  # renamed into place, or never staged: it did not exist
         elif os.path.lexists(entry.backup):
-            os.replace(entry.backup, entry.target)  # the old file, whether it was renamed over or not
+            os.replace(entry.backup, entry.target)  # the old file, whether it was renamed over (removed) or not
             entry.backup.unlink(missing_ok=True)  # rename() between two links to one file does nothing
-        entry.temp.unlink(missing_ok=True)
+        if entry.temp is not None:
+            entry.temp.unlink(missing_ok=True)
     _remove_empty_dirs(new_dirs)
 
 
@@ -217,7 +287,8 @@ def _fsync_dir(directory: Path) -> None:
 def _write_journal(journal_dir: Path, plan: list[_Entry], new_dirs: list[Path]) -> Path:
     rel = lambda path: os.path.relpath(path, journal_dir)  # noqa: E731 (the tree may move before recovery)
     record = {
-        "entries": [{"target": rel(e.target), "temp": rel(e.temp), "backup": rel(e.backup) if e.backup else None}
+        "entries": [{"target": rel(e.target), "temp": rel(e.temp) if e.temp else None,
+                     "backup": rel(e.backup) if e.backup else None}
                     for e in plan],
         "created": [rel(d) for d in new_dirs],
     }
@@ -229,8 +300,8 @@ def _write_journal(journal_dir: Path, plan: list[_Entry], new_dirs: list[Path]) 
     return journal
 
 
-def _clean(directory: Path) -> None:
-    """Roll back dead writers' journals in ``directory``, then remove their temporaries and backups."""
+def _clean(directory: Path, keep: set[Path] | frozenset[Path] = frozenset()) -> None:
+    """Roll back dead writers' journals in ``directory``, then remove their temporaries and backups (not ``keep``)."""
     try:
         names = os.listdir(directory)
     except OSError:
@@ -241,7 +312,7 @@ def _clean(directory: Path) -> None:
             _roll_back(directory / name)
     for name in names:
         match = _LEFTOVER.match(name)
-        if match and not _alive(int(match["pid"])):
+        if match and not _alive(int(match["pid"])) and directory / name not in keep:
             with suppress(OSError):
                 (directory / name).unlink()
 
@@ -251,15 +322,15 @@ def _roll_back(journal: Path) -> None:
     try:
         with open(journal, "rb") as handle:
             record = json.loads(handle.read(_MAX_JOURNAL_BYTES))
-        plan = [_Entry(_inside(base, e["target"]), _inside(base, e["temp"]),
+        plan = [_Entry(_inside(base, e["target"]), _inside(base, e["temp"]) if e["temp"] is not None else None,
                        _inside(base, e["backup"]) if e["backup"] is not None else None) for e in record["entries"]]
         new_dirs = [_inside(base, d) for d in record["created"]]
     except (OSError, ValueError, KeyError, TypeError):
         journal.unlink(missing_ok=True)  # not one of ours, or unreadable: nothing to roll back with
         return
     # Only names this module gives, beside their target: a forged journal cannot reach other files.
-    plan = [e for e in plan if all(_LEFTOVER.match(p.name) and p.parent == e.target.parent
-                                   for p in (e.temp, e.backup) if p is not None)]
+    plan = [e for e in plan if (e.temp or e.backup) is not None
+            and all(_LEFTOVER.match(p.name) and p.parent == e.target.parent for p in (e.temp, e.backup) if p is not None)]
     _undo(plan, [])
     journal.unlink()
     _remove_empty_dirs(new_dirs)

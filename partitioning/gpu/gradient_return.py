@@ -64,14 +64,14 @@ class GradientLink:
         assert self.group is not None, "the gradient link has no process group"
         for grad in grads:
             buffer = grad.contiguous()
-            self._sending.append((dist.isend(buffer, dst=self.receiver, group=self.group), buffer))
+            self._sending.append((dist.isend(buffer, group=self.group, group_dst=self.receiver), buffer))
 
     def receive(self, like: list[tuple[torch.Size, torch.dtype, torch.device]]) -> list[torch.Tensor]:
         assert self.group is not None, "the gradient link has no process group"
         grads = []
         for shape, dtype, device in like:
             buffer = torch.empty(shape, dtype=dtype, device=device)
-            dist.recv(buffer, src=self.sender, group=self.group)
+            dist.recv(buffer, group=self.group, group_src=self.sender)
             grads.append(buffer)
         return grads
 

@@ -24,12 +24,23 @@ def launch(plan: Path, stages: int, steps: int) -> None:
     run_ranks(TRAIN, ["--plan", str(plan), "--steps", str(steps)], stages)
 
 
-def run_ranks(module: str, arguments: list[str], ranks: int, prog: str | None = None) -> None:
+def torchrun_command(module: str, arguments: list[str], ranks: int, nodes: int = 1, node_rank: int | None = None,
+                     endpoint: str | None = None) -> list[str]:
+    """``torchrun -m module arguments`` with ``ranks`` ranks on this machine: alone, or node ``node_rank`` of
+    ``nodes`` meeting at ``endpoint`` (node 0's HOST:PORT; ranks numbered node by node)."""
+    where = ["--standalone"] if nodes == 1 else [f"--nnodes={nodes}", f"--node-rank={node_rank}",
+                                                  f"--rdzv-endpoint={endpoint}"]
+    return [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc-per-node={ranks}", "-m", module,
+            *arguments]
+
+
+def run_ranks(module: str, arguments: list[str], ranks: int, prog: str | None = None, *, nodes: int = 1,
+              node_rank: int | None = None, endpoint: str | None = None) -> None:
     """``torchrun -m module arguments`` on ``ranks`` local ranks; each rank's errors start with ``prog (rank``."""
     # torchrun keeps its logs (and the ranks their temporaries) in a directory it never removes: give it one of ours.
     with tempfile.TemporaryDirectory(prefix="pipeline-run-") as scratch:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-                   "--log-dir", scratch, "-m", module, *arguments]
+        command = torchrun_command(module, arguments, ranks, nodes, node_rank, endpoint)
+        command[3:3] = ["--log-dir", scratch]
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TMPDIR": scratch}
         _torchrun(command, env, prog or module)
 

@@ -23,6 +23,12 @@ plan and a generated model to it and covers what the engine does not do:
   :mod:`partitioning.gpu.recompute_graph`): the parameters it reads become
   replicas kept equal like tied weights, and its gradient goes back to the
   stage that made it (:mod:`partitioning.gpu.gradient_return`).
+
+With a device mesh ``(("dp", D), ("pp", K))`` the pipeline runs in each of D
+replicas: stage traffic stays in the replica's ``pp`` group, each stage module
+is wrapped in torch's ``DistributedDataParallel`` over its ``dp`` group (the
+schedule lets it reduce in the last backward only), and a tied weight's
+copies, left out of DDP, are summed over every replica's holders at once.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, SplitPoint
 from torch.distributed.pipelining._IR import Pipe, annotate_split_points
 
@@ -88,26 +95,36 @@ class PipelineRun:
     ``materialize`` receives this rank's stage module before the engine builds
     its stage: a model traced on ``meta`` (``example`` on ``meta`` too) gets
     its values there, and only this stage's (:mod:`partitioning.train.stage`).
+
+    ``mesh`` (dims ``"dp"``, ``"pp"``, ranks numbered replica-major) runs one
+    replica of the pipeline per ``dp`` index, the replicas' gradients averaged.
     """
 
     def __init__(self, model: nn.Module, plan: Plan, example: dict[str, torch.Tensor], *, micro_batches: int,
                  schedule: str, device: torch.device | None = None, tied_sum: str = "ordered",
-                 materialize: Callable[[nn.Module], None] | None = None) -> None:
+                 materialize: Callable[[nn.Module], None] | None = None, mesh: DeviceMesh | None = None) -> None:
         if not dist.is_initialized():
             raise UserError("torch.distributed is not initialized (launch with torchrun)")
         if schedule not in SCHEDULES:
             raise UserError(f"unknown schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
         if tied_sum not in TIED_SUMS:
             raise UserError(f"unknown tied_sum {tied_sum!r}; known: {', '.join(TIED_SUMS)}")
-        self.rank, world = dist.get_rank(), dist.get_world_size()
+        self.group = mesh.get_group("pp") if mesh is not None else dist.group.WORLD
+        self.dp_group = mesh.get_group("dp") if mesh is not None else None
+        self.replicas = mesh.size(0) if mesh is not None else 1
+        self.rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
         if world != len(plan.stages):
             raise UserError(f"the plan has {len(plan.stages)} stages but {world} ranks run (one stage per rank)")
+        if mesh is not None and mesh.mesh.flatten().tolist() != list(range(dist.get_world_size())):
+            raise UserError("the device mesh must number its ranks replica-major (dp, pp)")
         if isinstance(model, SharedWeight):
             model.make_stateless()  # one shared Parameter, no module registered under two names
         self.input_names = tuple(example)
         self.stages, self.micro_batches, self.tied_sum = len(plan.stages), micro_batches, tied_sum
         # Every rank makes every group, in the same order: the plan is the same on all of them.
-        side = dist.new_group(list(range(world))) if any(stage.recompute for stage in plan.stages) else None
+        # the gradient links' own group per replica (on the stages' group their messages would mix with the engine's)
+        side = [dist.new_group(row) for row in (mesh.mesh.tolist() if mesh is not None else [list(range(world))])
+                ][dist.get_rank() // world] if any(stage.recompute for stage in plan.stages) else None
         wrapped = CarryInputs(model, self.input_names)
         annotate_split_points(wrapped, split_spec(plan, model, _PREFIX))
         self.recomputation = Recomputation()
@@ -127,13 +144,32 @@ class PipelineRun:
         if materialize is not None:
             materialize(self.module)
         contiguous_boundaries(self.module)
-        self.stage = pipe.build_stage(self.rank, device)
+        self.stage = pipe.build_stage(self.rank, device, self.group)
         self.schedule = SCHEDULES[schedule](self.stage, micro_batches, loss_fn=model_loss)
         # The engine splits a target per micro-batch for loss_fn; the loss needs none (the labels are inputs).
         self._placeholder = torch.zeros(micro_batches, device=device)
         self.tied = self._tie(holding)
         if self.tied and tied_sum == "ordered":
             self.module.register_forward_hook(self._watch)
+        if self.dp_group is not None:
+            self._data_parallel(device)
+
+    def _data_parallel(self, device: torch.device) -> None:
+        """DDP over this stage's replicas; tied copies are left to :meth:`sync_tied_gradients`."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        class StageDDP(DistributedDataParallel):
+            @property
+            def graph(self) -> torch.fx.Graph:  # the engine reads its stage module's graph (the traced frontend)
+                return self.module.graph
+
+        tied = [copy.name for copy in self.tied]
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self.module, tied)
+        if any(p.requires_grad for name, p in self.module.named_parameters() if name not in tied):
+            # the engine sees DDP and runs every backward but a step's last under no_sync()
+            self.stage.submod = StageDDP(
+                self.module, process_group=self.dp_group, broadcast_buffers=False,
+                device_ids=[device] if device.type == "cuda" else None)
 
     def _watch(self, module: nn.Module, args: object, outputs: object) -> None:
         for copy in self.tied:  # returns None: a forward hook's result would replace the outputs
@@ -142,13 +178,15 @@ class PipelineRun:
     def _tie(self, holders: dict[str, tuple[int, ...]]) -> list[TiedCopy]:
         copies = []
         local = dict(self.module.named_parameters())
+        pp = self.stages
         for name, stages in sorted(holders.items()):
-            group = dist.new_group(list(stages))  # every rank takes part in creating every group
+            # every rank takes part in creating every group; global rank = replica * stages + stage
+            group = dist.new_group(sorted(d * pp + s for d in range(self.replicas) for s in stages))
             if self.rank in stages:
                 parameter = local[name]
                 with torch.no_grad():
-                    dist.broadcast(parameter.data, src=stages[0], group=group)
-                copies.append(TiedCopy(name, stages, parameter, group))
+                    dist.broadcast(parameter.data, group=group, group_src=0)
+                copies.append(TiedCopy(name, stages, parameter, group, self.replicas))
         return copies
 
     def step(self, inputs: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
@@ -176,10 +214,14 @@ class PipelineRun:
                 copy.parameter.grad = torch.zeros_like(copy.parameter)
             if self.tied_sum == "allreduce":
                 dist.all_reduce(copy.parameter.grad, group=copy.group)
+                if self.replicas > 1:
+                    copy.parameter.grad.div_(self.replicas)  # as DDP averages the other parameters
             else:
                 total = ordered_sum(copy, self.micro_batches)
-                # the schedule divided the copy's own gradient by the micro-batch count: so does the sum
-                copy.parameter.grad.copy_(total / self.micro_batches if self.schedule.scale_grads else total)
+                # the schedule divided the copy's own gradient by the micro-batch count, DDP the others' by the
+                # replica count: so does the sum
+                count = self.micro_batches * self.replicas if self.schedule.scale_grads else self.replicas
+                copy.parameter.grad.copy_(total / count if count > 1 else total)
 
 
 def model_loss(output: torch.Tensor, placeholder: torch.Tensor) -> torch.Tensor:

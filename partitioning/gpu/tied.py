@@ -8,6 +8,10 @@ the first.  That is the order in which single-process autograd accumulates
 a leaf used several times (the last use's gradient arrives first), so every
 copy gets the single-process gradient bit for bit.  The price is keeping
 uses x micro-batches gradients of the weight until the step ends.
+
+With data parallelism the group holds every replica's copies, replica-major
+(replica ``d`` runs micro-batches ``d*M .. d*M + M - 1`` of the step), and the
+sum walks the replicas in order: the order of one process on the whole batch.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ class TiedCopy:
     name: str
     stages: tuple[int, ...]
     parameter: nn.Parameter
-    group: dist.ProcessGroup
+    group: dist.ProcessGroup  # every holder of every replica, replica-major
+    replicas: int = 1
     per_micro_batch: list[list[torch.Tensor | None]] = field(default_factory=list)  # [micro-batch][use]
 
     def watch(self, outputs: object) -> None:
@@ -66,7 +71,8 @@ class TiedCopy:
 
 
 def ordered_sum(copy: TiedCopy, micro_batches: int) -> torch.Tensor:
-    """All holders' use gradients, summed per micro-batch from the last use back, then over micro-batches."""
+    """All holders' use gradients, summed per micro-batch from the last use back, then over micro-batches
+    (replica by replica)."""
     if len(copy.per_micro_batch) != micro_batches:
         raise UserError(f"{copy.name}: {len(copy.per_micro_batch)} forwards in a step of {micro_batches} micro-batches")
     zero = torch.zeros_like(copy.parameter)
@@ -78,18 +84,21 @@ def ordered_sum(copy: TiedCopy, micro_batches: int) -> torch.Tensor:
     present = torch.tensor([[g is not None for g in uses] for uses in copy.per_micro_batch],
                            dtype=torch.uint8, device=device).reshape(micro_batches, uses_here).T
     copy.per_micro_batch.clear()
-    counts = [torch.zeros(1, dtype=torch.long, device=device) for _ in copy.stages]
+    members = len(copy.stages) * copy.replicas
+    counts = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(members)]
     dist.all_gather(counts, torch.tensor([uses_here], device=device), group=copy.group)
     most = int(max(int(c.item()) for c in counts))
     padded = torch.cat([mine, zero.expand(most - uses_here, micro_batches, *zero.shape)])
     flags = torch.cat([present, torch.zeros(most - uses_here, micro_batches, dtype=torch.uint8, device=device)])
-    gathered = [torch.empty_like(padded) for _ in copy.stages]
-    gathered_flags = [torch.empty_like(flags) for _ in copy.stages]
+    gathered = [torch.empty_like(padded) for _ in range(members)]
+    gathered_flags = [torch.empty_like(flags) for _ in range(members)]
     dist.all_gather(gathered, padded, group=copy.group)
     dist.all_gather(gathered_flags, flags, group=copy.group)
-    uses = [(holder, use) for holder, count in enumerate(counts) for use in range(int(count.item()))]
+    holders = len(copy.stages)
     total: torch.Tensor | None = None
-    for micro_batch in range(micro_batches):
+    for replica, micro_batch in ((d, m) for d in range(copy.replicas) for m in range(micro_batches)):
+        uses = [(holder, use) for holder in range(replica * holders, (replica + 1) * holders)
+                for use in range(int(counts[holder].item()))]
         per_batch: torch.Tensor | None = None
         for holder, use in reversed(uses):  # stages in order, uses in forward order: walk it backwards
             if gathered_flags[holder][use, micro_batch]:

@@ -44,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def device_for_rank() -> tuple[str, torch.device]:
-    local_rank, world = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))  # ranks on this machine
     if torch.cuda.is_available() and torch.cuda.device_count() >= world:
         torch.cuda.set_device(local_rank)
         return "nccl", torch.device("cuda", local_rank)

@@ -13,8 +13,9 @@ one line naming the rank, the others are stopped, exit 2.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from common.cli import Parser, count, nonempty_path, positive_int, positive_number, run
@@ -44,6 +45,10 @@ class Request:
     micro_batches: int | None
     seed: int
     log_every: int
+    data_parallel: int = 1
+    nnodes: int = 1
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None
     verbose: bool = False
 
 
@@ -89,8 +94,21 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--micro-batches", type=positive_int, help="default: the plan's")
     parser.add_argument("--seed", type=int, default=0, help="the data order (and each rank's RNG)")
     parser.add_argument("--log-every", type=positive_int, default=1)
+    parser.add_argument("--data-parallel", type=positive_int, default=1,
+                        help="D replicas of the pipeline (stages x D ranks), gradients averaged (default 1)")
+    parser.add_argument("--nnodes", type=positive_int, default=1,
+                        help="machines sharing the ranks; without --node-rank: print each machine's command")
+    parser.add_argument("--node-rank", type=count, help="this machine's index (with --nnodes, --rdzv-endpoint)")
+    parser.add_argument("--rdzv-endpoint", type=_endpoint, help="HOST:PORT of node 0 (the rendezvous)")
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser
+
+
+def _endpoint(text: str) -> str:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return text
 
 
 def parse(argv: list[str] | None) -> Request:
@@ -99,12 +117,16 @@ def parse(argv: list[str] | None) -> Request:
         raise UserError("give --checkpoint DIR (start from a model) or --resume DIR (continue a run), one of them")
     if args.save_every is not None and args.save is None:
         raise UserError("--save-every needs --save DIR")
+    if args.nnodes == 1 and (args.node_rank is not None or args.rdzv_endpoint is not None):
+        raise UserError("--node-rank and --rdzv-endpoint are for --nnodes N > 1")
+    if args.node_rank is not None and (args.rdzv_endpoint is None or args.node_rank >= args.nnodes):
+        raise UserError(f"--node-rank needs --rdzv-endpoint HOST:PORT and must be below --nnodes {args.nnodes}")
     return Request(**vars(args))
 
 
 def execute(request: Request) -> int:
     from partitioning.files import read_plan
-    from partitioning.gpu.launch import run_ranks
+    from partitioning.gpu.launch import run_ranks, torchrun_command
     from partitioning.train.checkpoint import Checkpoint
     from partitioning.train.data import read_dataset
     from partitioning.train.model import build_meta, check_checkpoint
@@ -127,14 +149,27 @@ def execute(request: Request) -> int:
     read_dataset(request.data, specs, config, micro_batch, micro_batch.batch * micro_batches)
     if request.save is not None:
         check_save_dir(request.save)
-    run_ranks(RANK_MODULE, to_argv(request), stages, PROG)
+    ranks = stages * request.data_parallel
+    if ranks % request.nnodes:
+        raise UserError(f"{ranks} ranks ({stages} stages x --data-parallel {request.data_parallel}) do not divide "
+                        f"among --nnodes {request.nnodes}")
+    per_node = ranks // request.nnodes
+    argv = to_argv(replace(request, nnodes=1, node_rank=None, rdzv_endpoint=None))
+    if request.nnodes > 1 and request.node_rank is None:
+        endpoint = request.rdzv_endpoint or "NODE0_HOST:29500"
+        for node in range(request.nnodes):  # what each machine runs (the same paths on every machine)
+            command = torchrun_command(RANK_MODULE, argv, per_node, request.nnodes, node, endpoint)
+            print(" ".join(shlex.quote(part) for part in command))
+        return 0
+    run_ranks(RANK_MODULE, argv, per_node, PROG, nodes=request.nnodes, node_rank=request.node_rank,
+              endpoint=request.rdzv_endpoint)
     return 0
 
 
 def to_argv(request: Request) -> list[str]:
     """The command line that makes ``request`` again (what each rank parses)."""
     argv = []
-    defaults = {"verbose": False}
+    defaults = {"verbose": False, "data_parallel": 1, "nnodes": 1}
     for key, value in vars(request).items():
         if value is None or defaults.get(key) == value or value is False:
             continue

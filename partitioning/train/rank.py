@@ -29,10 +29,12 @@ from partitioning.train.stage import StageModel, load_stage
 def train(request: Request, device: torch.device) -> StageModel:
     plan = read_plan(request.plan)
     stages = len(plan.stages)
-    state = read_state(request.resume, stages) if request.resume is not None else None
-    stage = load_stage(plan, request.resume or request.checkpoint, device, request.micro_batches)  # type: ignore[arg-type]
-    torch.manual_seed(request.seed + stage.rank)  # each rank's own stream (dropout): saved and restored
-    size = stage.micro_batch.batch * stage.micro_batches
+    replicas = request.data_parallel
+    state = read_state(request.resume, stages, replicas) if request.resume is not None else None
+    stage = load_stage(plan, request.resume or request.checkpoint, device, request.micro_batches,  # type: ignore[arg-type]
+                       replicas)
+    torch.manual_seed(request.seed + dist.get_rank())  # each rank's own stream (dropout): saved and restored
+    size = stage.micro_batch.batch * stage.micro_batches * replicas  # a step's examples, all replicas together
     data = (read_dataset(request.data, stage.specs, stage.config, stage.micro_batch, size)
             if stage.rank == 0 else None)
     settings = OptimizerSettings(lr=request.lr, weight_decay=request.weight_decay, betas=request.betas,
@@ -43,13 +45,13 @@ def train(request: Request, device: torch.device) -> StageModel:
     start = 0
     if state is not None:
         assert request.resume is not None
-        restore(request.resume, stage.rank, optimizer, scheduler, names)
+        restore(request.resume, stage.rank, optimizer, scheduler, names, stage.replica)
         start = state["step"]
     tokens = size * sum(stage.micro_batch.lengths.values())
     last = stage.rank == stage.stages - 1
     for step in range(start, request.steps):
         began = time.perf_counter()
-        batch = data.batch(step, size, request.seed) if data is not None else None
+        batch = stage.shard(data.batch(step, size, request.seed)) if data is not None else None
         losses = stage.step(batch)
         if request.clip_grad is not None:
             stage.clip_grad_norm_(request.clip_grad)
@@ -59,16 +61,20 @@ def train(request: Request, device: torch.device) -> StageModel:
         optimizer.zero_grad()
         done = step + 1
         if last and (done % request.log_every == 0 or done == request.steps):
-            loss = torch.stack([value.detach() for value in losses]).mean().item()
+            mean = torch.stack([value.detach() for value in losses]).mean()
+            if replicas > 1:  # the mean over every replica's micro-batches (the last stages' group)
+                dist.all_reduce(mean, group=stage.run.dp_group)
+            loss = mean.item() / replicas
             seconds = time.perf_counter() - began
-            print(f"step {done}/{request.steps}: loss {loss:.4f}, {tokens / seconds:.0f} tokens/s, lr {lr:.3g}",
-                  flush=True)
+            if stage.replica == 0:
+                print(f"step {done}/{request.steps}: loss {loss:.4f}, {tokens / seconds:.0f} tokens/s, lr {lr:.3g}",
+                      flush=True)
         if request.save is not None and (done == request.steps or
                                          (request.save_every is not None and done % request.save_every == 0)):
             run_state = {"step": done, "examples_seen": done * size, "stages": stage.stages, "seed": request.seed}
             save(stage, request.save, training_state(optimizer, scheduler, names), run_state,
                  stage.checkpoint)
-            if last:
+            if last and stage.replica == 0:
                 print(f"saved step {done} to {request.save}", flush=True)
     return stage
 

@@ -1,49 +1,77 @@
 """Saving a run: a stock HF model directory plus each stage's training state, written all or nothing.
 
-Every rank sends rank 0 its tensors (stock key names; a tied weight once) and
-its training state (optimizer, scheduler, RNG); rank 0 writes
+A rank holds its stage, not the model, and saving keeps it so.  Each rank of
+the first data-parallel replica writes its own stage's tensors as one shard,
+``model-0000k-of-0000K.safetensors`` (stock key names; a tied weight once, by
+its first holder), and its training state (``train_state/stage-<s>.pt``:
+AdamW, scheduler, RNG, parameter names); the other replicas write only their
+RNG state.  Rank 0 writes ``config.json``, ``model.safetensors.index.json`` and
+``train_state.json``.  What transformers releases load decides the extras
+(:func:`weight_files`): before 4.18 one ``pytorch_model.bin`` holding every
+key (gathered on rank 0: the whole model in its memory once), 4.18 to 4.24
+per-stage ``pytorch_model-0000k-of-0000K.bin`` shards and their index.
 
-* ``config.json``, ``pytorch_model.bin`` (every stock key, tied ones sharing
-  storage: what ``save_pretrained`` of 4.x writes and every release loads) and
-  ``model.safetensors`` (one key per tensor: what later releases prefer);
-* ``train_state.json`` (the step, the data position, the settings) and
-  ``train_state/stage-<r>.pt`` per stage,
-
-in one :func:`~common.atomic.write_all_atomic`: a crash mid-save leaves the
-previous checkpoint whole.  Saving gathers the whole model on rank 0.
+Every file is staged beside its target by the rank writing it
+(:func:`common.atomic.stage`); after a barrier rank 0 renames them all into
+place under one journal (:func:`common.atomic.commit_staged`), removing stale
+weight files in the same commit.  A crash before the commit point leaves the
+previous checkpoint whole; the next save (or ``--resume``) rolls back and
+removes what dead writers staged.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from common.atomic import recover, write_all_atomic
+from common.atomic import commit_staged, is_temporary, recover, stage
 from common.errors import UserError
 from common.files import read_json_object
-from partitioning.train.checkpoint import BIN, CONFIG, SAFETENSORS, Checkpoint
+from common.versions import Release
+from partitioning.train.checkpoint import BIN, CONFIG, SAFETENSORS, SAFETENSORS_INDEX, Checkpoint
 from partitioning.train.model import source_key
 from partitioning.train.stage import PREFIX, StageModel
 
 STATE = "train_state.json"
 GENERATOR = "train-model"
+BIN_INDEX = "pytorch_model.bin.index.json"
+SHARDED_BIN_FROM, SAFETENSORS_FROM = Release.parse("4.18.0"), Release.parse("4.25.0")  # what from_pretrained reads
+_WEIGHTS = re.compile(r"^(model|pytorch_model)(-\d{5}-of-\d{5})?\.(safetensors|bin)(\.index\.json)?$")
 
 
 def stage_file(rank: int) -> str:
     return f"train_state/stage-{rank}.pt"
 
 
+def replica_file(rank: int, replica: int) -> str:
+    return f"train_state/stage-{rank}-replica-{replica}.pt"
+
+
+def shard_name(rank: int, stages: int, extension: str) -> str:
+    prefix = "model" if extension == "safetensors" else "pytorch_model"
+    return f"{prefix}-{rank + 1:05d}-of-{stages:05d}.{extension}"
+
+
+def weight_files(version: str) -> tuple[str, ...]:
+    """The weight formats a checkpoint for transformers ``version`` holds besides the safetensors shards."""
+    release = Release.parse(version)
+    if release < SHARDED_BIN_FROM:
+        return (BIN,)  # one file: these releases read neither safetensors nor a sharded index
+    return ("sharded-bin",) if release < SAFETENSORS_FROM else ()
+
+
 def check_save_dir(directory: Path) -> None:
     """``--save DIR`` may be new, empty, or a directory this command wrote; nothing else is overwritten."""
     if directory.exists() and not directory.is_dir():
         raise UserError(f"--save {directory} is a file: give a directory")
-    if directory.is_dir() and any(directory.iterdir()) and not _ours(directory):
+    if (directory.is_dir() and any(not is_temporary(p.name) for p in directory.iterdir())
+            and not _ours(directory)):
         raise UserError(f"--save {directory} is a directory train-model did not write (no {STATE}): "
                         f"give a new or empty directory")
 
@@ -55,77 +83,137 @@ def _ours(directory: Path) -> bool:
         return False
 
 
-def read_state(directory: Path, stages: int) -> dict[str, Any]:
-    """``--resume DIR``'s run state (checked: a directory this command wrote for as many stages)."""
+def read_state(directory: Path, stages: int, replicas: int = 1) -> dict[str, Any]:
+    """``--resume DIR``'s run state (checked: a directory this command wrote for as many stages and replicas)."""
+    if directory.is_dir():
+        recover(directory)  # a save that died mid-commit: back to the previous checkpoint
     if not directory.is_dir() or not _ours(directory):
         raise UserError(f"--resume {directory} is not a checkpoint train-model saved (no {STATE})")
     state = read_json_object(directory / STATE, "train state", 1 << 20)
     if state.get("stages") != stages or not isinstance(state.get("step"), int):
         raise UserError(f"--resume {directory} was saved by a {state.get('stages')}-stage run; this plan has "
                         f"{stages} stages")
-    for rank in range(stages):
-        if not (directory / stage_file(rank)).is_file():
-            raise UserError(f"--resume {directory} lacks {stage_file(rank)}")
+    if state.get("data_parallel", 1) != replicas:
+        raise UserError(f"--resume {directory} was saved by a run of --data-parallel {state.get('data_parallel', 1)}"
+                        f", not {replicas}")
+    needed = [stage_file(rank) for rank in range(stages)]
+    needed += [replica_file(rank, replica) for rank in range(stages) for replica in range(1, replicas)]
+    for name in needed:
+        if not (directory / name).is_file():
+            raise UserError(f"--resume {directory} lacks {name}")
     return state
 
 
-def _bytes(value: Any) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(value, buffer)
-    return buffer.getvalue()
+def _held(model: StageModel) -> dict[str, torch.Tensor]:
+    """The tensors this stage writes, each under the first of its stock keys in the state dict."""
+    position = {key: index for index, key in enumerate(model.meta.state_keys)}
+    held: dict[str, torch.Tensor] = {}
+    for name, tensor in [*model.module.named_parameters(), *model.module.named_buffers()]:
+        if name in model.names and name not in model.owned:
+            continue  # a tied copy: its first holder writes it
+        keys = [key for key in model.meta.keys[name.removeprefix(PREFIX)] if key in position]
+        if keys:
+            held.setdefault(min(keys, key=position.__getitem__), tensor.detach())
+    return held
 
 
-def save(stage: StageModel, directory: Path, training: dict[str, Any], run_state: dict[str, Any],
+def _unheld(model: StageModel, written: set[str], source: Checkpoint) -> dict[str, torch.Tensor]:
+    """Tensors no stage holds (a parameter the forward never reads): as they were loaded or built."""
+    position = {key: index for index, key in enumerate(model.meta.state_keys)}
+    found = {}
+    for name, keys in model.meta.keys.items():
+        in_state = [key for key in keys if key in position]
+        if in_state and not written.intersection(keys):
+            key = source_key(model.meta, name, source)
+            first = min(in_state, key=position.__getitem__)
+            found[first] = source.load([key])[key] if key is not None else model.meta.buffers[name]
+            written.add(first)
+    return found
+
+
+def save(model: StageModel, directory: Path, training: dict[str, Any], run_state: dict[str, Any],
          source: Checkpoint) -> None:
-    """Write the checkpoint of ``stage``'s whole model and every stage's ``training`` state (a collective)."""
-    tensors = {}
-    owned = stage.owned
-    for name, tensor in [*stage.module.named_parameters(), *stage.module.named_buffers()]:
-        if name in owned or name not in stage.names:  # a tied copy: its first holder sends it
-            tensors[name.removeprefix(PREFIX)] = tensor.detach().cpu()
-    parts: list[Any] = [None] * stage.stages if stage.rank == 0 else []
-    dist.gather_object((tensors, _bytes(training)), parts if stage.rank == 0 else None, dst=0)
-    if stage.rank == 0:
-        _write(stage, directory, parts, run_state, source)
+    """Write the checkpoint: every rank its own shard and state, rank 0 the rest and the commit (a collective)."""
+    from safetensors.torch import save_file
+
+    directory = Path(os.path.abspath(directory))
+    if dist.get_rank() == 0:
+        if directory.is_dir():
+            recover(directory)  # roll back a save that died, remove what its ranks staged
+        (directory / "train_state").mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    staged: dict[Path, Path] = {}
+    writer = model.replica == 0
+    written: dict[str, torch.Tensor] = {}
+    if writer:
+        held = _held(model)
+        everyone: list[Any] = [None] * model.stages
+        dist.all_gather_object(everyone, sorted(held), group=model.group)
+        earlier = {key for part in everyone[:model.rank] for key in part}
+        written = {key: tensor.contiguous() for key, tensor in held.items() if key not in earlier}
+        if model.rank == 0:
+            written.update(_unheld(model, {key for part in everyone for key in part}, source))
+        shard = directory / shard_name(model.rank, model.stages, "safetensors")
+        staged[shard] = stage(shard, lambda path: save_file(written, str(path), metadata={"format": "pt"}))
+        if "sharded-bin" in weight_files(model.version):
+            target = directory / shard_name(model.rank, model.stages, "bin")
+            staged[target] = stage(target, lambda path: torch.save(written, path))
+        target = directory / stage_file(model.rank)
+    else:
+        training = {"rng": training["rng"]}
+        target = directory / replica_file(model.rank, model.replica)
+    staged[target] = stage(target, lambda path: torch.save(training, path))
+    sizes = {key: tensor.numel() * tensor.element_size() for key, tensor in written.items()}
+    parts: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
+    dist.gather_object((staged, sizes, model.rank), parts if dist.get_rank() == 0 else None, dst=0)
+    if writer and BIN in weight_files(model.version):
+        _gather_bin(model, written, directory, staged)
+    if dist.get_rank() == 0:
+        _commit(model, directory, parts, staged, run_state)
     dist.barrier()
 
 
-def _write(stage: StageModel, directory: Path, parts: list[Any], run_state: dict[str, Any],
-           source: Checkpoint) -> None:
-    from safetensors.torch import save as safetensors_bytes
-
-    meta = stage.meta
-    found: dict[str, torch.Tensor] = {}
-    for tensors, _ in parts:
-        for name, tensor in tensors.items():
-            found.setdefault(name, tensor)
-    aliases: dict[tuple[str, ...], list[str]] = {}  # one tensor's names (BERT's decoder bias is its head's bias)
-    for name, keys in meta.keys.items():
-        aliases.setdefault(keys, []).append(name)
-    by_key: dict[str, torch.Tensor] = {}
-    for keys, names in aliases.items():
-        tensor = next((found[name] for name in names if name in found), None)
-        if tensor is None:  # in no stage (a parameter the forward never reads): as it was loaded
-            key = source_key(meta, names[0], source)
-            tensor = source.load([key])[key] if key is not None else meta.buffers[names[0]]
-        for key in keys:
+def _gather_bin(model: StageModel, written: dict[str, torch.Tensor], directory: Path,
+                staged: dict[Path, Path]) -> None:
+    """The one ``pytorch_model.bin`` of releases before 4.18: every key, tied ones sharing storage (rank 0)."""
+    tensors: list[Any] = [None] * model.stages if model.rank == 0 else []
+    dist.gather_object(written, tensors if model.rank == 0 else None, dst=0, group=model.group)
+    if model.rank != 0:
+        return
+    found = {key: tensor for part in tensors for key, tensor in part.items()}
+    by_key = {}
+    for keys in model.meta.keys.values():
+        tensor = next((found[key] for key in keys if key in found), None)
+        for key in keys if tensor is not None else ():
             by_key[key] = tensor
-    state = {key: by_key[key] for key in meta.state_keys}
-    first: dict[int, str] = {}
-    for key, tensor in state.items():
-        first.setdefault(id(tensor), key)
-    config = stage.config
-    config.architectures = [stage.class_name]
-    directory = Path(os.path.abspath(directory))
-    files = {directory / CONFIG: config.to_json_string().encode(),
-             directory / BIN: _bytes(state),
-             directory / SAFETENSORS: safetensors_bytes({key: state[key].contiguous() for key in first.values()}),
-             directory / STATE: json.dumps({"generator": GENERATOR, **run_state}, indent=1).encode()}
-    for rank, (_, training) in enumerate(parts):
-        files[directory / stage_file(rank)] = training
-    if directory.is_dir():
-        recover(directory)
-    write_all_atomic(files, root=directory)
+    state = {key: by_key[key] for key in model.meta.state_keys}
+    staged[directory / BIN] = stage(directory / BIN, lambda path: torch.save(state, path))
+
+
+def _commit(model: StageModel, directory: Path, parts: list[Any], staged: dict[Path, Path],
+            run_state: dict[str, Any]) -> None:
+    weight_map: dict[str, str] = {}
+    total = 0
+    for their_staged, sizes, rank in parts:
+        staged.update(their_staged)
+        weight_map.update({key: shard_name(rank, model.stages, "safetensors") for key in sizes})
+        total += sum(sizes.values())
+    config = model.config
+    config.architectures = [model.class_name]
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    files = {CONFIG: config.to_json_string().encode(), SAFETENSORS_INDEX: json.dumps(index, indent=2).encode(),
+             STATE: json.dumps({"generator": GENERATOR, "data_parallel": model.replicas, **run_state},
+                               indent=1).encode()}
+    if "sharded-bin" in weight_files(model.version):
+        bins = {key: name.replace("model-", "pytorch_model-").replace(".safetensors", ".bin")
+                for key, name in weight_map.items()}
+        files[BIN_INDEX] = json.dumps({"metadata": {"total_size": total}, "weight_map": bins}, indent=2).encode()
+    for name, data in files.items():
+        staged[directory / name] = stage(directory / name, data)
+    stale = [path for folder in (directory, directory / "train_state") for path in folder.iterdir()
+             if path not in staged and (_WEIGHTS.match(path.name) or path.name == SAFETENSORS
+                                        or path.suffix == ".pt") and path.is_file()]
+    commit_staged(staged, directory, stale)
 
 
 def training_state(optimizer: torch.optim.Optimizer, scheduler: Any, names: list[str]) -> dict[str, Any]:
@@ -135,16 +223,22 @@ def training_state(optimizer: torch.optim.Optimizer, scheduler: Any, names: list
     return {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng, "names": names}
 
 
-def restore(directory: Path, rank: int, optimizer: torch.optim.Optimizer, scheduler: Any, names: list[str]) -> None:
-    path = directory / stage_file(rank)
+def _load(path: Path) -> dict[str, Any]:
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 (a truncated or foreign file)
         raise UserError(f"cannot read {path}: {' '.join(str(exc).split())[:200]}") from None
+
+
+def restore(directory: Path, rank: int, optimizer: torch.optim.Optimizer, scheduler: Any, names: list[str],
+            replica: int = 0) -> None:
+    path = directory / stage_file(rank)
+    state = _load(path)
     if state.get("names") != names:
         raise UserError(f"{path} holds the state of other parameters: resume with the plan it was saved with")
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
-    torch.set_rng_state(state["rng"]["cpu"])
-    if "cuda" in state["rng"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["rng"]["cuda"])
+    rng = state["rng"] if replica == 0 else _load(directory / replica_file(rank, replica))["rng"]
+    torch.set_rng_state(rng["cpu"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"])

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from common.errors import UserError
 from families.definition import InputSpec
@@ -66,18 +67,22 @@ class StageModel:
     """One rank's stage: its module (loaded from the checkpoint), the pipeline step, and global-norm clipping."""
 
     def __init__(self, plan: Plan, checkpoint: Checkpoint, *, device: torch.device | None = None,
-                 micro_batches: int | None = None) -> None:
+                 micro_batches: int | None = None, data_parallel: int = 1) -> None:
         self.family, self.class_name, self.config, self.specs, self.micro_batch = plan_model(plan)
+        self.version = str(plan.model["version"])
         self.micro_batches, self.schedule = settings_of(plan, micro_batches)
         self.meta: MetaModel = build_meta(self.family, self.class_name, self.config)
         check_checkpoint(self.meta, checkpoint, self.family, self.class_name, self.config)
         self.checkpoint, self.device = checkpoint, device or torch.device("cpu")
         example = {k: v.to("meta") for k, v in make_inputs(self.specs, self.config, self.micro_batch, "cpu").items()}
         self.run = PipelineRun(self.meta.model, plan, example, micro_batches=self.micro_batches,
-                               schedule=self.schedule, device=self.device, materialize=self._materialize)
+                               schedule=self.schedule, device=self.device, materialize=self._materialize,
+                               mesh=_mesh(data_parallel, len(plan.stages), self.device))
         self.module: nn.Module = self.run.module
         self.loaded = list(checkpoint.loaded)  # the keys this rank read to build its stage
-        self.rank, self.stages = self.run.rank, self.run.stages
+        self.rank, self.stages = self.run.rank, self.run.stages  # the rank is the stage's index
+        self.group, self.replicas = self.run.group, self.run.replicas
+        self.replica = dist.get_rank() // self.stages  # ranks are numbered replica-major
         # stock name of each parameter this stage holds; tied copies count once, at their first holder
         self.names = {name: self.meta.stock_name(name.removeprefix(PREFIX))
                       for name, _ in self.module.named_parameters()}
@@ -120,6 +125,10 @@ class StageModel:
         """This stage's parameters by stock name (a tied copy under its first stock name)."""
         return {self.names[name]: p for name, p in self.module.named_parameters()}
 
+    def shard(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """This replica's rows of a whole step's batch (replica ``d`` takes the ``d``-th equal slice)."""
+        return {key: value.tensor_split(self.replicas)[self.replica] for key, value in batch.items()}
+
     def step(self, inputs: dict[str, torch.Tensor] | None) -> list[torch.Tensor]:
         """Forward and backward of one batch of ``micro_batches`` micro-batches; the last stage gets the losses."""
         if self.rank == 0 and inputs is not None:
@@ -142,7 +151,7 @@ class StageModel:
             norms = [torch.linalg.vector_norm(g, 2.0) for g in local]
         mine = {name: norm.cpu() for name, norm in zip(grads, norms)}
         everyone: list[dict[str, torch.Tensor] | None] = [None] * self.stages
-        dist.all_gather_object(everyone, mine)
+        dist.all_gather_object(everyone, mine, group=self.group)  # replicas hold the same (averaged) gradients
         found = {name: norm for part in everyone if part for name, norm in part.items()}
         order = [self.meta.stock_name(name) for name in self.meta.order]
         total = torch.linalg.vector_norm(torch.stack([found[name] for name in order if name in found]), 2.0)
@@ -154,7 +163,28 @@ class StageModel:
         return total
 
 
+def _mesh(replicas: int, stages: int, device: torch.device) -> DeviceMesh | None:
+    """The ``(("dp", replicas), ("pp", stages))`` mesh of a data-parallel run (global rank = replica * stages + stage)."""
+    if replicas == 1:
+        return None
+    if dist.get_world_size() != replicas * stages:
+        raise UserError(f"{replicas} replicas of {stages} stages need {replicas * stages} ranks, not "
+                        f"{dist.get_world_size()}")
+    # every rank creates every group, in one order, as it does the tied-weight groups that follow
+    layout = torch.arange(replicas * stages).reshape(replicas, stages)
+    rank = dist.get_rank()
+    dp = [dist.new_group(column.tolist()) for column in layout.T]
+    pp = [dist.new_group(row.tolist()) for row in layout]
+    replica, stage = divmod(rank, stages)
+    return DeviceMesh.from_group([dp[stage], pp[replica]], device.type, layout, mesh_dim_names=("dp", "pp"))
+
+
 def load_stage(plan: Plan, checkpoint: Path, device: torch.device | None = None,
-               micro_batches: int | None = None) -> StageModel:
-    """This rank's stage of ``plan`` with its weights from the HF model directory ``checkpoint``."""
-    return StageModel(plan, Checkpoint(checkpoint), device=device, micro_batches=micro_batches)
+               micro_batches: int | None = None, data_parallel: int = 1) -> StageModel:
+    """This rank's stage of ``plan`` with its weights from the HF model directory ``checkpoint``.
+
+    ``data_parallel`` replicas of the pipeline run on as many times the plan's stages in ranks;
+    each replica's stage 0 passes its share of the batch (see :meth:`StageModel.shard`).
+    """
+    return StageModel(plan, Checkpoint(checkpoint), device=device, micro_batches=micro_batches,
+                      data_parallel=data_parallel)

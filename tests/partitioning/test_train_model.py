@@ -98,6 +98,7 @@ def write_data(path: Path, plan: Path, count: int = 7, seed: int = 0) -> None:
 
 
 def launch(ranks: int, cases: dict[str, list[str]], out: Path) -> dict[str, list[dict]]:
+    """Run each case (a train-model command line) on ``ranks`` torchrun ranks; each rank's record per case."""
     out.mkdir(exist_ok=True)
     (out / "cases.json").write_text(json.dumps(cases))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
@@ -113,12 +114,16 @@ def launch(ranks: int, cases: dict[str, list[str]], out: Path) -> dict[str, list
     return records
 
 
-def reference(family: str, checkpoint: Path, plan: Path, data: Path, steps: int) -> torch.nn.Module:
-    """``steps`` steps in one process: stock model, AdamW, transformers' cosine warm-up, clip_grad_norm_."""
+def reference(family: str, checkpoint: Path, plan: Path, data: Path, steps: int,
+              micro_batches: int = MICRO_BATCHES) -> torch.nn.Module:
+    """``steps`` steps in one process: stock model, AdamW, transformers' cosine warm-up, clip_grad_norm_.
+
+    A step is ``micro_batches`` micro-batches (all replicas' of a data-parallel run), their gradients averaged.
+    """
     from partitioning.files import read_plan
 
     _, _, cfg, specs, micro_batch = plan_model(read_plan(plan))
-    size = PER_MICRO_BATCH * MICRO_BATCHES
+    size = PER_MICRO_BATCH * micro_batches
     dataset = read_dataset(data, specs, cfg, micro_batch, size)
     with threads():
         model = stock_class(family).from_pretrained(checkpoint).train()
@@ -126,11 +131,11 @@ def reference(family: str, checkpoint: Path, plan: Path, data: Path, steps: int)
         scheduler = transformers.get_cosine_schedule_with_warmup(optimizer, 2, steps)
         for step in range(steps):
             batch = dataset.batch(step, size, 0)
-            for chunk in range(MICRO_BATCHES):
-                model(**{k: v.tensor_split(MICRO_BATCHES)[chunk] for k, v in batch.items()}).loss.backward()
+            for chunk in range(micro_batches):
+                model(**{k: v.tensor_split(micro_batches)[chunk] for k, v in batch.items()}).loss.backward()
             for p in model.parameters():
                 if p.grad is not None:
-                    p.grad.div_(MICRO_BATCHES)  # the schedule scales the summed gradients so
+                    p.grad.div_(micro_batches)  # the schedule scales the summed gradients so
             torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
             optimizer.step()
             scheduler.step()
@@ -139,12 +144,18 @@ def reference(family: str, checkpoint: Path, plan: Path, data: Path, steps: int)
 
 
 def assert_saved_equals(family: str, saved: Path, expected: torch.nn.Module) -> None:
+    different = saved_differences(family, saved, expected)
+    assert different == {}, sorted(different.items(), key=lambda item: -item[1])[:5]
+
+
+def saved_differences(family: str, saved: Path, expected: torch.nn.Module) -> dict[str, float]:
+    """Stock key -> the largest absolute difference, for every tensor of ``saved`` not torch.equal to ``expected``."""
     model, info = stock_class(family).from_pretrained(saved, output_loading_info=True)
     assert info["missing_keys"] == [] and info["unexpected_keys"] == [], info
     got, want = model.state_dict(), expected.state_dict()
     assert sorted(got) == sorted(want)
-    different = [key for key in want if not torch.equal(got[key], want[key])]
-    assert different == [], different[:5]
+    return {key: float((got[key].double() - want[key].double()).abs().max()) for key in want
+            if not torch.equal(got[key], want[key])}
 
 
 def assert_stage_only(records: list[dict]) -> None:

@@ -31,9 +31,9 @@ def main() -> int:
             own = sorted({key for n, _ in [*stage.module.named_parameters(), *stage.module.named_buffers()]
                           if (key := source_key(stage.meta, n.removeprefix(PREFIX), stage.checkpoint)) is not None})
             others_meta = all(p.device.type == "meta" for module in stage.run.others for p in module.parameters())
-            record = {"case": name, "rank": stage.rank, "loaded": sorted(stage.loaded), "own": own,
-                      "others_meta": others_meta}
-            (out / f"{name}.rank{stage.rank}.json").write_text(json.dumps(record))
+            record = {"case": name, "rank": stage.rank, "replica": stage.replica, "loaded": sorted(stage.loaded),
+                      "own": own, "others_meta": others_meta}
+            (out / f"{name}.rank{dist.get_rank()}.json").write_text(json.dumps(record))
     finally:
         dist.destroy_process_group()
     return 0
