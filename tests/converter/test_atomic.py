@@ -29,7 +29,7 @@ DRIVER = textwrap.dedent("""
     from pathlib import Path
     from common import atomic
     root, phase, signum, at = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    owner, name = (atomic, "_stage") if phase == "stage" else (os, "replace")
+    owner, name = (atomic, "write_file") if phase == "stage" else (os, "replace")
     real, calls = getattr(owner, name), []
     def hooked(first, second):
         result = real(first, second)
