@@ -163,6 +163,10 @@ class FamilyDefinition:
     # The targets' own sections, as the recipe gives them (TARGET_SECTIONS), and the recipe they come from.
     sections: Mapping[str, Any] = field(default_factory=dict)
     origin: str = ""
+    # "pp_plan": the chain is read off a release's classes (families/pp_plan.py, by ModelFamily), with
+    # these sub-layers in each layer list; until then ``chain`` is empty.
+    chain_from: str | None = None
+    chain_sublayers: tuple[tuple[str, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.verify_shape:
@@ -175,6 +179,9 @@ class FamilyDefinition:
     def entries(self, class_name: str) -> tuple[ChainEntry, ...]:
         """The chain with every path made absolute for ``class_name`` (its base model prefixed)."""
         info = self.classes[class_name]
+        if not self.chain:
+            raise UserError(f"the {self.family} chain is read from a release's classes ({self.chain_from}): "
+                            "use families.family.ModelFamily, which reads it")
         resolved = []
         for entry in self.chain:
             if entry.layers is not None:
@@ -223,7 +230,8 @@ def parse_definition(data: Mapping[str, Any], origin: str) -> FamilyDefinition |
                             tuple(_input(name, entry) for name, entry in document.pipeline.inputs.items()),
                             _chain(document.pipeline), shapes, shapes_section.default,
                             _shared_weights(where, data.get("transforms", []), classes),
-                            shapes_section.verify or shapes_section.default, document.model.limits, targets, origin)
+                            shapes_section.verify or shapes_section.default, document.model.limits, targets, origin,
+                            document.pipeline.chain, document.pipeline.sublayers or ())
 
 
 def _classes(document: DefinitionDocument) -> dict[str, ClassInfo]:

@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from common.errors import UserError
-from families import limits
+from families import limits, pp_plan
 from families.definition import ClassInfo, FamilyDefinition, InputSpec
 from families.layout import generated_package
 from families.models import MicroBatch, accepted, build_model, import_class, make_inputs
 from families.registry import definition, definitions
-from families.shapes import check_config_values, config_file_kwargs, make_config, unknown_keys
+from families.shapes import check_config_values, config_class, config_file_kwargs, make_config, unknown_keys
 
 __all__ = ["ModelFamily", "definition", "definitions"]
 
@@ -92,6 +93,23 @@ class ModelFamily:
                             hint=f"run with {package} {self.version} (e.g. PYTHONPATH=.venv/transformers/"
                                  f"{self.version}, see docs/setup.md) or give --version {installed}")
         self._checked_release = True
+        if self.definition.chain_from is not None and not self.definition.chain:
+            self._read_chain()
+
+    def _read_chain(self) -> None:
+        """The chain and tied weights the release's own classes declare (``[pipeline] chain = "pp_plan"``)."""
+        recipe = self.definition
+        classes = {name: self.model_class(name) for name in recipe.classes}
+        model = self.build(recipe.default_class, self.config(recipe.verify_shape))
+        chain = pp_plan.read_chain(config_class(recipe.config_path), classes, model,
+                                   recipe.classes[recipe.default_class].base, recipe.chain_sublayers)
+        for name, cls in classes.items():
+            built = model if name == recipe.default_class else None
+            if built is None and isinstance(getattr(cls, "_tied_weights_keys", None), list):
+                built = self.build(name, self.config(recipe.verify_shape))
+            pp_plan.check_tied(recipe.origin, recipe.classes[name], recipe.shared.get(name, ()),
+                               pp_plan.tied_keys(cls, built))
+        self.definition = replace(recipe, chain=chain)
 
     def model_class(self, class_name: str) -> type[torch.nn.Module]:
         self.class_info(class_name)
@@ -165,6 +183,7 @@ class ModelFamily:
         return make_inputs(self.input_specs(class_name), config, micro_batch, device, seed)
 
     def layer_lists(self, class_name: str) -> tuple[str, ...]:
+        self.require_release()  # a chain read from the release's classes is read there
         return self.definition.layer_lists(self.class_info(class_name).name)
 
     def describe(self, class_name: str, config: Any, micro_batch: MicroBatch, shape: str,

@@ -117,10 +117,18 @@ _RESERVED_LENGTHS = (BATCH, "seq")
 class PipelineSection:
     lengths: dict[_LengthName, PositiveInt]
     inputs: dict[ArgumentName, InputEntry]
-    blocks: Annotated[tuple[BlockEntry, ...], Check("a non-empty array of tables ([[pipeline.blocks]])",
-                                                    NON_EMPTY.test)]
+    blocks: tuple[BlockEntry, ...] = ()
+    # The chain read off the source's own pipeline plan (families/pp_plan.py) instead of blocks, and
+    # the sub-layers of each layer list it names (as a layer list's sublayers).
+    chain: Literal["pp_plan"] | None = None
+    sublayers: Annotated[tuple[ModulePaths, ...], Check("a list of module lists")] | None = None
 
     def __post_init__(self) -> None:
+        if (self.chain is None) == (not self.blocks):
+            raise OptionError("blocks", "give the block chain as [[pipeline.blocks]] or read it with chain = "
+                                        "\"pp_plan\", one of them")
+        if self.sublayers is not None and self.chain is None:
+            raise OptionError("sublayers", "is only for chain = \"pp_plan\" (a layer list has its own)", sep=" ")
         for name in self.lengths:
             if name in _RESERVED_LENGTHS:
                 raise OptionError("lengths", f"{name!r} is reserved (batch size / partition-model's --seq-len)")

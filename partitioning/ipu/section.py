@@ -58,12 +58,14 @@ class IPUSection:
     optimizer_state_offchip: bool | None = None
     replicated_tensor_sharding: bool | None = None
     stochastic_rounding: bool | None = None
+    unsupported: str | None = None  # why this family is not placed on IPUs at all (partition-model refuses)
     published: dict[str, _Layout] = field(default_factory=dict)
 
     @property
     def defaults(self) -> dict[str, Any]:
         """The IPU config fields the family sets."""
-        return {key: value for key, value in vars(self).items() if key != "published" and value is not None}
+        return {key: value for key, value in vars(self).items()
+                if key not in ("published", "unsupported") and value is not None}
 
     def layout(self, shape: str) -> PublishedLayout | None:
         """The layout published for ``shape``, if any."""

@@ -72,6 +72,9 @@ class IPUTarget:
 
     def check(self, request: Request, family: ModelFamily) -> Request:
         options = _options(request)
+        unsupported = ipu_section(family.definition).unsupported
+        if unsupported:
+            raise UserError(f"IPU is not supported for the {family.name} family: {unsupported}")
         check_destinations(self.writes(request), self.reads(request))  # a directory, an input: said first
         _refuse_edited(options)
         if request.run:

@@ -6,6 +6,15 @@
   evenly, the remainder going to the last device.  Blocks that are not
   layers stay with the layer before them (the embedding goes on the first
   stage, the head on the last).
+* ``torchtitan``: torchtitan's ``generate_llm_fqn_per_model_part`` (its default
+  ``input_weight = output_weight = 1``): the layers plus the embedding and the
+  output, each counted as one layer, spread evenly, the extra ones going to
+  the first stages; the embedding opens the first stage, norm and output close
+  the last.
+* ``hf``: Hugging Face's native pipeline split (5.x ``DistributedConfig(pp_size)``,
+  ``layer_range_for_rank``): the items of ``model.layers`` (the first layer list)
+  evenly, the remainder on the last rank, the embedding on the first and norm and
+  head on the last: optimum-graphcore's rule over one layer list.
 * ``parameters``: DeepSpeed's ``partition_method="parameters"``: the most
   balanced split of parameter counts, a tied weight counted in every block
   that uses it (as DeepSpeed counts a ``TiedLayerSpec`` at each occurrence).
@@ -47,6 +56,43 @@ def uniform_split(blocks: Sequence[Block], stages: int, layer_lists: Sequence[st
         starts.append(layers[taken])
     ends = [start - 1 for start in starts[1:]] + [len(blocks) - 1]
     return list(zip(starts, ends))
+
+
+def _split_at(blocks: Sequence[Block], layer_lists: Sequence[str], layers: list[int], per_stage: Sequence[int]
+              ) -> list[Segment]:
+    """Stages holding ``per_stage`` layers each (starts in ``layers``); leading blocks on the first, trailing on the last.
+
+    A stage of no layers (torchtitan's first stage holding only the embedding) starts where the next would.
+    """
+    trailing = next((i for i in range(layers[-1] + 1, len(blocks))
+                     if layer_of(blocks[i].first_module, layer_lists) is None), len(blocks))
+    bounds = [*layers, trailing]
+    starts, taken = [0], 0
+    for count in per_stage[:-1]:
+        taken += count
+        starts.append(bounds[taken])
+    segments = list(zip(starts, [start - 1 for start in starts[1:]] + [len(blocks) - 1]))
+    if any(end < start for start, end in segments):
+        raise UserError(f"the split leaves a stage empty: {list(per_stage)} layers per stage over {len(blocks)} blocks")
+    return segments
+
+
+def torchtitan_split(blocks: Sequence[Block], stages: int, layer_lists: Sequence[str]) -> list[Segment]:
+    """torchtitan's rule: embedding and output one layer each, ``layers + 2`` spread evenly, extras first."""
+    check_stage_count(len(blocks), stages)
+    layers = layer_starts(blocks, layer_lists)
+    effective = len(layers) + 2
+    quotient, extra = divmod(effective, stages)
+    if quotient < 1:
+        raise UserError(f"torchtitan's split needs a layer per stage: {effective} layers counting embedding and "
+                        f"output, {stages} stages")
+    per_stage = [quotient + (k < extra) - (k == 0) - (k == stages - 1) for k in range(stages)]
+    return _split_at(blocks, layer_lists, layers, per_stage)
+
+
+def hf_native_split(blocks: Sequence[Block], stages: int, layer_lists: Sequence[str]) -> list[Segment]:
+    """Hugging Face's native split: uniform over the first layer list (``model.layers``), remainder last."""
+    return uniform_split(blocks, stages, layer_lists[:1])
 
 
 def parameter_counts(blocks: Sequence[Block], shared_bytes: Mapping[str, int]) -> list[int]:
