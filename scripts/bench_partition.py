@@ -1,29 +1,26 @@
-"""Benchmark the partitioner against the default splits of optimum-graphcore and DeepSpeed.
+"""Benchmark the partitioner against the default splits of optimum-graphcore, DeepSpeed, torchtitan and HF.
 
-For every family with a family definition, each of its named shapes (its
-recipe's ``[shapes]``, costed on the meta device: no weights are allocated)
-and each stage count K, report bottleneck / ideal of our optimal plan (block
-granularity chosen automatically, values recomputed where cheaper than sent),
-of our plan before both (one block per layer, everything sent), of the
-uniform layer split (optimum-graphcore ``layers_per_ipu`` wildcards over the
-family's layer lists) and of the parameter-balanced split (DeepSpeed
-``partition_method="parameters"``), the granularity bound (the best
-compute-only bottleneck any split of the sub-layer blocks can reach, over the
-ideal), and the time the partitioner took.  The model is the family's default
-class at its default sequence lengths, 8 sequences per micro-batch.  Two more
-tables: the crossing bytes per cut before and after at ``partition-model``'s
-defaults (25 GB/s), and the FLOP balance of the plans on the shape FTPipe's
-acyclic partitioner was measured on (t5-small, batch 4, 64 -> 32).
+For every family with a generated package at ``--version``, each named shape (costed on the meta
+device: no weights are allocated) and each stage count K, report bottleneck / ideal of our plan
+(granularity chosen automatically, values recomputed where cheaper than sent), of our plan before
+both (one block per layer, all sent), of the uniform layer split (optimum-graphcore ``layers_per_ipu``
+wildcards), of the parameter-balanced split (DeepSpeed ``partition_method="parameters"``), for chains
+read off HF's pipeline plan (the decoder-only LLMs) of torchtitan's and HF's native splits, the
+granularity bound (the best compute-only bottleneck of any split of the sub-layer blocks, over the
+ideal) and the partitioner's time.  The default class at its default lengths, 8 sequences per
+micro-batch.  Also the crossing bytes per cut before and after at ``partition-model``'s defaults
+(25 GB/s), and for T5 the FLOP balance on FTPipe's shape (t5-small, batch 4, 64 -> 32).
 
     python scripts/bench_partition.py [--docs docs] [--version 4.5.1] [--family F ...] [--shape S ...]
+    PYTHONPATH=.venv/transformers/5.23.0:. python scripts/bench_partition.py --version 5.23.0 --stages 4,8
 
-writes ``docs/bench_partition.md``, ``docs/bench_partition.png`` and appends
-a section to ``docs/benchmarks.md``.
+write ``docs/bench_partition.md`` / ``.png`` and a section of ``docs/benchmarks.md`` (the LLM run: a section).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 import sys
@@ -32,15 +29,16 @@ from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any, TypedDict, TypeVar
+from typing import Any, NotRequired, TypedDict, TypeVar
 
 from common.atomic import write_atomic
 from families.family import ModelFamily, definitions
+from families.layout import generated_package
 from partitioning.cost import granularity as grain
 from partitioning.cost.chain import family_chain
 from partitioning.cost.costing import Chain
 from partitioning.plan import Plan
-from partitioning.solve.baselines import parameter_balanced_split, uniform_split
+from partitioning.solve.baselines import hf_native_split, parameter_balanced_split, torchtitan_split, uniform_split
 from partitioning.solve.partition import Settings, build_plan, partition
 from partitioning.solve.plot import plot_ratios
 
@@ -50,9 +48,11 @@ BATCH = 8
 SETTINGS = Settings(device_flops=100e12, bandwidth=300e9, micro_batches=8, schedule="1f1b")
 CLI = replace(SETTINGS, bandwidth=25e9)  # partition-model's defaults
 SECTION = "## Pipeline partitioning (`scripts/bench_partition.py`)"
+# Another release's run (the decoder-only LLMs) is a section of its own, replaced by its own re-runs.
+LLM_SECTION = "## Pipeline partitioning: decoder-only LLMs (`scripts/bench_partition.py --version {version}`)"
 # FTPipe's acyclic partitioner on generated t5-small, batch 4, 64 -> 32, FLOP node weights (docs/FACTS)
 FTPIPE = {2: 1.001, 4: 1.009}
-
+MARGIN_SHAPES = ("llama-3.2-1b", "qwen3-0.6b")  # the issue's two small tied LLMs
 # Links so fast that sending costs nothing measurable (Settings refuses an infinite bandwidth: plans are JSON).
 FREE_LINKS = 1e300
 
@@ -74,6 +74,8 @@ class Row(TypedDict):
     bound: float
     partition_ms: float
     costing_s: float
+    torchtitan: NotRequired[float]  # for chains read off HF's pipeline plan only
+    hf: NotRequired[float]
 
 
 def _best_of(repeats: int, run: Callable[[], T]) -> tuple[float, T]:
@@ -96,7 +98,12 @@ def before(layers: Chain, stages: int, settings: Settings) -> Plan:
     return partition(layers.blocks, stages, replace(settings, recompute=False), {}, layers.values)
 
 
-def measure(families: list[ModelFamily], shapes: set[str] | None) -> tuple[list[Row], list[str]]:
+def _llm_baselines(family: ModelFamily) -> bool:  # torchtitan's and HF's splits: chains read off HF's pp plan
+    return family.definition.chain_from is not None
+
+
+def measure(families: list[ModelFamily], shapes: set[str] | None, stage_counts: tuple[int, ...] = STAGES
+            ) -> tuple[list[Row], list[str]]:
     """The table's rows, and one line per family saying what was measured."""
     rows: list[Row] = []
     setups: list[str] = []
@@ -112,34 +119,47 @@ def measure(families: list[ModelFamily], shapes: set[str] | None) -> tuple[list[
                 continue  # the converter's tiny fx-check shape: nobody pipelines it
             config = family.config(shape)
             cost_seconds, chain = _best_of(1, partial(family_chain, family, class_name, config, micro_batch,
-                                                          sublayers=True))
+                                                        sublayers=True))
             layers = grain.layer_chain(chain, layer_lists)
-            for stages in STAGES:
+            for stages in stage_counts:
                 seconds, plan = _best_of(5, partial(ours, chain, layer_lists, stages, SETTINGS))
+                more = {}
+                if _llm_baselines(family):
+                    more = {name: build_plan(layers.blocks, split(layers.blocks, stages, layer_lists), SETTINGS, {},
+                                             values=layers.values)
+                            for name, split in (("torchtitan", torchtitan_split), ("hf", hf_native_split))}
                 uniform = build_plan(layers.blocks, uniform_split(layers.blocks, stages, layer_lists), SETTINGS, {},
                                      values=layers.values)
                 balanced = build_plan(layers.blocks, parameter_balanced_split(layers.blocks, stages,
                                                                               layers.shared_bytes),
                                       SETTINGS, {}, values=layers.values)
                 compute_only = partition(chain.blocks, stages, replace(SETTINGS, bandwidth=FREE_LINKS))
-                if plan.bottleneck > min(uniform.bottleneck, balanced.bottleneck):
+                if plan.bottleneck > min(uniform.bottleneck, balanced.bottleneck,
+                                         *(other.bottleneck for other in more.values())):
                     raise SystemExit(f"{shape} K={stages}: the optimal plan lost to a baseline")
-                rows.append({"shape": shape, "stages": stages, "blocks": len(plan.blocks), "ours": plan.ratio,
+                row: Row = {"shape": shape, "stages": stages, "blocks": len(plan.blocks), "ours": plan.ratio,
                              "before": before(layers, stages, SETTINGS).ratio, "granularity": plan.model["granularity"],
                              "uniform": uniform.ratio, "parameters": balanced.ratio,
                              "bound": compute_only.bottleneck / plan.ideal,
-                             "partition_ms": seconds * 1e3, "costing_s": cost_seconds})
+                             "partition_ms": seconds * 1e3, "costing_s": cost_seconds}
+                if more:
+                    row["torchtitan"], row["hf"] = more["torchtitan"].ratio, more["hf"].ratio
+                rows.append(row)
     return rows, setups
 
 
 def table(rows: list[Row]) -> str:
-    lines = ["| shape | K | blocks | ours | ours before | uniform (optimum-graphcore) | parameters (DeepSpeed) "
-             "| granularity bound | ours / bound | partition ms | costing s (meta) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    llm = any("torchtitan" in r for r in rows)
+    extra = " torchtitan | HF native |" if llm else ""
+    lines = ["| shape | K | blocks | ours | ours before | uniform (optimum-graphcore) | parameters (DeepSpeed) |"
+             f"{extra} granularity bound | ours / bound | partition ms | costing s (meta) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if llm else "")]
     for r in rows:
+        others = "".join(f" {value:.3f} |" if value is not None else " - |"
+                         for value in (r.get("torchtitan"), r.get("hf"))) if llm else ""
         lines.append(f"| {r['shape']} | {r['stages']} | {r['blocks']} | **{r['ours']:.3f}** | {r['before']:.3f} "
-                     f"| {r['uniform']:.3f} | {r['parameters']:.3f} | {r['bound']:.3f} | {r['ours'] / r['bound']:.3f} "
-                     f"| {r['partition_ms']:.1f} | {r['costing_s']:.2f} |")
+                     f"| {r['uniform']:.3f} | {r['parameters']:.3f} |{others} {r['bound']:.3f} "
+                     f"| {r['ours'] / r['bound']:.3f} | {r['partition_ms']:.1f} | {r['costing_s']:.2f} |")
     return "\n".join(lines)
 
 
@@ -182,12 +202,10 @@ def flop_table(family: ModelFamily, shape: str, batch: int, lengths: dict[str, i
              f"bytes over all cuts per micro-batch:", "",
              "| K | plan | FLOP max / mean | bottleneck / ideal at 25 GB/s | MB over the cuts | stages start at |",
              "|---|---|---|---|---|---|"]
-
     def flops(plan: Plan) -> float:
         by_name = {b.name: b.flops for b in plan.blocks}
         per_stage = [sum(by_name[n] for n in s.blocks) for s in plan.stages]
         return max(per_stage) / (sum(per_stage) / len(per_stage))
-
     for stages in FTPIPE:
         candidates = [("before (layers, all sent), 25 GB/s", before(layers, stages, CLI)),
                       ("ours, 25 GB/s", ours(chain, layer_lists, stages, CLI)),
@@ -204,9 +222,10 @@ def flop_table(family: ModelFamily, shape: str, batch: int, lengths: dict[str, i
     return "\n".join(lines)
 
 
-def section(rows: list[Row], setups: list[str], png: str, extra: str, load: float) -> str:
+def section(rows: list[Row], setups: list[str], png: str, extra: str, load: float,
+            heading: str = SECTION) -> str:
     models = "; ".join(setups)
-    return f"""{SECTION}
+    return f"""{heading}
 
 Bottleneck / ideal (lower is better; 1.0 is a perfect balance of compute) for
 {models};
@@ -227,9 +246,7 @@ ratio is computed from FLOP and byte counts and does not depend on it.
 {table(rows)}
 
 {summary(rows)}
-
-![bottleneck / ideal per method]({png})
-{extra}"""
+{f"{chr(10)}![bottleneck / ideal per method]({png}){chr(10)}" if png else ""}{extra}"""
 
 
 def summary(rows: list[Row]) -> str:
@@ -250,10 +267,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", default="4.5.1", help="the transformers release of the generated models")
     parser.add_argument("--family", action="append", help="only these families (default: every one)")
     parser.add_argument("--shape", action="append", help="only these named shapes (default: every one)")
+    parser.add_argument("--stages", type=lambda text: tuple(int(k) for k in text.split(",")), default=STAGES,
+                        help="stage counts, comma-separated (default: 2,4,8)")
     args = parser.parse_args(argv)
-    families = [ModelFamily.load(name, args.version) for name in args.family or sorted(definitions())]
+    names = args.family or sorted(n for n in definitions() if importlib.util.find_spec(generated_package(n, args.version)))
+    families = [ModelFamily.load(name, args.version) for name in names]
     load = os.getloadavg()[0]
-    rows, setups = measure(families, set(args.shape) if args.shape else None)
+    rows, setups = measure(families, set(args.shape) if args.shape else None, args.stages)
+    if families and all(_llm_baselines(family) for family in families):
+        heading = LLM_SECTION.format(version=args.version)
+        text = section(rows, setups, "", llm_extra(families, rows, set(args.shape) if args.shape else None), load,
+                       heading)
+        print(text)
+        _replace_section(args.docs / "benchmarks.md", heading, text)
+        return 0
     extra = ""
     if "t5" in [family.name for family in families]:
         t5 = next(family for family in families if family.name == "t5")
@@ -268,14 +295,30 @@ def main(argv: list[str] | None = None) -> int:
                  for r in rows],
                 args.docs / "bench_partition.png", "Pipeline split: bottleneck / ideal")
     write_atomic(args.docs / "bench_partition.md", (text.replace(SECTION, "# Pipeline partitioning", 1)).encode())
-    benchmarks = args.docs / "benchmarks.md"
+    _replace_section(args.docs / "benchmarks.md", SECTION, text)
+    return 0
+
+
+def _replace_section(benchmarks: Path, heading: str, text: str) -> None:
+    """Re-running replaces this section and keeps everything else."""
     existing = benchmarks.read_text() if benchmarks.exists() else "# Benchmarks\n"
-    # Re-running replaces this script's section and keeps everything else.
-    kept = existing.split(SECTION)[0].rstrip("\n") + "\n"
-    rest = existing.split(SECTION, 1)[1] if SECTION in existing else ""
+    kept = existing.split(heading)[0].rstrip("\n") + "\n"
+    rest = existing.split(heading, 1)[1] if heading in existing else ""
     after = rest[rest.find("\n## "):] if "\n## " in rest else ""
     write_atomic(benchmarks, (kept + "\n" + text + after).encode())
-    return 0
+
+
+def llm_extra(families: list[ModelFamily], rows: list[Row], shapes: set[str] | None) -> str:
+    """Each family's bytes over each cut before and after recomputation (K = 4), and ours' margin over uniform."""
+    margins = [f"{r['shape']}: {(r['uniform'] - r['ours']) / r['uniform'] * 100:.1f} % "
+               f"(ours {r['ours']:.3f}, uniform {r['uniform']:.3f})"
+               for r in rows if r["stages"] == 4 and r["shape"] in MARGIN_SHAPES]
+    tables = [crossing_table(family, [shape for shape in family.definition.shapes
+                                      if shape != family.definition.verify_shape and (shapes is None or shape in shapes)])
+              for family in families]
+    return ("\nBottleneck / ideal below uniform at K = 4 (how much shorter the bottleneck stage is): "
+            + "; ".join(margins) + ".\n\n### Recompute instead of send: bytes over each cut\n\n"
+            + "\n\n".join(tables) + "\n")
 
 
 if __name__ == "__main__":
