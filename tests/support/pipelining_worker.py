@@ -23,7 +23,6 @@ from partitioning.cost.chain import family_chain
 from partitioning.gpu.pipelining import PipelineRun  # noqa: E402
 from partitioning.solve.partition import Settings, build_plan, partition  # noqa: E402
 from support.model_checks import Family  # noqa: E402
-from support.model_families import FAMILIES  # noqa: E402
 
 STEPS, PER_MICRO_BATCH = 3, 2
 
@@ -34,6 +33,15 @@ def without_dropout(cfg: object) -> object:
         if isinstance(value, float) and ("dropout" in key or key.endswith("pdrop")):
             setattr(cfg, key, 0.0)
     return cfg
+
+
+def family_of(name: str) -> Family:
+    """A 4.5.1 family of model_families.py, or NAME@RELEASE: an LLM at the release this process imports."""
+    if "@" in name:
+        from support.llm_pipelining import LLM
+        return LLM(*name.split("@"))  # type: ignore[return-value]
+    from support.model_families import FAMILIES
+    return FAMILIES[name]
 
 
 def run_case(family: Family, case: str, out: Path) -> None:
@@ -113,7 +121,7 @@ def run_case(family: Family, case: str, out: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--family", default="t5", choices=sorted(FAMILIES))
+    parser.add_argument("--family", default="t5", help="a family of model_families.py, or an LLM as NAME@RELEASE")
     parser.add_argument("cases", nargs="+",
                         help="config:schedule:micro-batches:split[:allreduce][:send], split = 'optimal' or the "
                              "comma-separated first blocks of stages 1, 2, ...; send: plan without recomputation")
@@ -121,7 +129,7 @@ def main() -> int:
     dist.init_process_group("gloo")
     try:
         for case in args.cases:
-            run_case(FAMILIES[args.family], case, args.out)
+            run_case(family_of(args.family), case, args.out)
     finally:
         dist.destroy_process_group()
     return 0
