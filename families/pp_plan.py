@@ -11,8 +11,8 @@ linears are checked against the tied keys (:func:`check_tied`).  Nothing here na
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 from torch import nn
 
@@ -74,7 +74,7 @@ def tied_keys(cls: type, model: nn.Module | None = None) -> dict[str, str]:
     if model is None:
         raise UserError(f"{cls.__name__}._tied_weights_keys is a list: the model is needed to find its input "
                         f"embeddings")
-    embedding = model.get_input_embeddings()
+    embedding = cast(Callable[[], nn.Module], model.get_input_embeddings)()  # a PreTrainedModel's
     source = next((f"{name}.weight" for name, module in model.named_modules() if module is embedding), None)
     if source is None:
         raise UserError(f"{cls.__name__}: its input embeddings are no submodule")
