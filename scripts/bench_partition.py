@@ -1,20 +1,13 @@
 """Benchmark the partitioner against the default splits of optimum-graphcore, DeepSpeed, torchtitan and HF.
 
-For every family with a generated package at ``--version``, each named shape (costed on the meta
-device: no weights are allocated) and each stage count K, report bottleneck / ideal of our plan
-(granularity chosen automatically, values recomputed where cheaper than sent), of our plan before
-both (one block per layer, all sent), of the uniform layer split (optimum-graphcore ``layers_per_ipu``
-wildcards), of the parameter-balanced split (DeepSpeed ``partition_method="parameters"``), for chains
-read off HF's pipeline plan (the decoder-only LLMs) of torchtitan's and HF's native splits, the
-granularity bound (the best compute-only bottleneck of any split of the sub-layer blocks, over the
-ideal) and the partitioner's time.  The default class at its default lengths, 8 sequences per
-micro-batch.  Also the crossing bytes per cut before and after at ``partition-model``'s defaults
-(25 GB/s), and for T5 the FLOP balance on FTPipe's shape (t5-small, batch 4, 64 -> 32).
+Per family with a generated package at ``--version``, named shape (costed on meta) and stage count K:
+bottleneck / ideal of our plan (granularity chosen, values recomputed where cheaper than sent), of ours
+before both, of the uniform layer split (optimum-graphcore), the parameter-balanced one (DeepSpeed), for
+chains read off HF's pipeline plan torchtitan's and HF's native splits, the granularity bound and the
+partitioner's time; default class and lengths, 8 sequences per micro-batch.  For T5 also the bytes per
+cut before / after and the FLOP balance on FTPipe's shape; an LLM-only run: bench_partition_llm.py.
 
-    python scripts/bench_partition.py [--docs docs] [--version 4.5.1] [--family F ...] [--shape S ...]
-    PYTHONPATH=.venv/transformers/5.23.0:. python scripts/bench_partition.py --version 5.23.0 --stages 4,8
-
-write ``docs/bench_partition.md`` / ``.png`` and a section of ``docs/benchmarks.md`` (the LLM run: a section).
+    python scripts/bench_partition.py [--docs docs] [--version 4.5.1] [--family F ...] [--shape S ...] [--stages 4,8]
 """
 
 from __future__ import annotations
@@ -48,11 +41,8 @@ BATCH = 8
 SETTINGS = Settings(device_flops=100e12, bandwidth=300e9, micro_batches=8, schedule="1f1b")
 CLI = replace(SETTINGS, bandwidth=25e9)  # partition-model's defaults
 SECTION = "## Pipeline partitioning (`scripts/bench_partition.py`)"
-# Another release's run (the decoder-only LLMs) is a section of its own, replaced by its own re-runs.
-LLM_SECTION = "## Pipeline partitioning: decoder-only LLMs (`scripts/bench_partition.py --version {version}`)"
 # FTPipe's acyclic partitioner on generated t5-small, batch 4, 64 -> 32, FLOP node weights (docs/FACTS)
 FTPIPE = {2: 1.001, 4: 1.009}
-MARGIN_SHAPES = ("llama-3.2-1b", "qwen3-0.6b")  # the issue's two small tied LLMs
 # Links so fast that sending costs nothing measurable (Settings refuses an infinite bandwidth: plans are JSON).
 FREE_LINKS = 1e300
 
@@ -275,11 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     rows, setups = measure(families, set(args.shape) if args.shape else None, args.stages)
     if families and all(_llm_baselines(family) for family in families):
-        heading = LLM_SECTION.format(version=args.version)
-        text = section(rows, setups, "", llm_extra(families, rows, set(args.shape) if args.shape else None), load,
-                       heading)
-        print(text)
-        _replace_section(args.docs / "benchmarks.md", heading, text)
+        from bench_partition_llm import llm_section  # the LLMs' section (scripts/ is this script's path)
+        _replace_section(args.docs / "benchmarks.md", *llm_section(args, families, rows, setups, load))
         return 0
     extra = ""
     if "t5" in [family.name for family in families]:
@@ -306,19 +293,6 @@ def _replace_section(benchmarks: Path, heading: str, text: str) -> None:
     rest = existing.split(heading, 1)[1] if heading in existing else ""
     after = rest[rest.find("\n## "):] if "\n## " in rest else ""
     write_atomic(benchmarks, (kept + "\n" + text + after).encode())
-
-
-def llm_extra(families: list[ModelFamily], rows: list[Row], shapes: set[str] | None) -> str:
-    """Each family's bytes over each cut before and after recomputation (K = 4), and ours' margin over uniform."""
-    margins = [f"{r['shape']}: {(r['uniform'] - r['ours']) / r['uniform'] * 100:.1f} % "
-               f"(ours {r['ours']:.3f}, uniform {r['uniform']:.3f})"
-               for r in rows if r["stages"] == 4 and r["shape"] in MARGIN_SHAPES]
-    tables = [crossing_table(family, [shape for shape in family.definition.shapes
-                                      if shape != family.definition.verify_shape and (shapes is None or shape in shapes)])
-              for family in families]
-    return ("\nBottleneck / ideal below uniform at K = 4 (how much shorter the bottleneck stage is): "
-            + "; ".join(margins) + ".\n\n### Recompute instead of send: bytes over each cut\n\n"
-            + "\n\n".join(tables) + "\n")
 
 
 if __name__ == "__main__":
