@@ -256,8 +256,7 @@ class _ItemReader(cst.CSTTransformer):
     """``x[i]`` (``x.name``) -> ``x`` for a local bound to a listed call (``call(...)[i]`` -> ``call(...)``)."""
 
     def __init__(self, items: dict[str, int | str], locals_: dict[str, int | str]) -> None:
-        self.items = items
-        self.locals = locals_
+        self.items, self.locals = items, locals_
 
     def _item(self, value: cst.BaseExpression) -> int | str | None:
         if isinstance(value, cst.Name):
