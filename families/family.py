@@ -21,7 +21,7 @@ import torch
 from common.errors import UserError
 from families import limits, pp_plan
 from families.definition import ClassInfo, FamilyDefinition, InputSpec
-from families.layout import generated_package
+from families.layout import converted_in, default_root, generated_package, models_root, mount, root_package, version_dir
 from families.models import MicroBatch, accepted, build_model, import_class, make_inputs
 from families.registry import definition, definitions
 from families.shapes import check_config_values, config_class, config_file_kwargs, make_config, unknown_keys
@@ -48,13 +48,41 @@ def _installed(package: str) -> tuple[str, str]:
 class ModelFamily:
     """One family at one transformers release (the release its generated code was converted from)."""
 
-    def __init__(self, definition: FamilyDefinition, version: str) -> None:
+    def __init__(self, definition: FamilyDefinition, version: str, models_dir: Path | None = None) -> None:
         self.definition, self.version = definition, version
+        self.root = models_root(models_dir)  # None: the repository's generated_models
         self._checked_release = False
 
     @classmethod
-    def load(cls, name: str, version: str) -> ModelFamily:
-        return cls(definition(name), version)
+    def load(cls, name: str, version: str, models_dir: Path | None = None) -> ModelFamily:
+        """``name`` at ``version``, its generated code imported from ``models_dir`` (default: the repo's)."""
+        if models_dir is not None and not models_dir.is_dir():
+            raise UserError(f"--models-dir {models_dir} is not a directory",
+                            hint=f"convert-model {name} --version {version} --output-dir {models_dir} writes it")
+        return cls(definition(name), version, models_dir)
+
+    @classmethod
+    def of_plan(cls, described: Mapping[str, Any], models_dir: Path | None = None) -> ModelFamily:
+        """The family a plan's model record names, importing the code it was planned with (or ``models_dir``'s).
+
+        A plan records its models directory (``describe``), so every process that rebuilds its model, torchrun
+        ranks included, imports the same code.  Raises KeyError for a record without family or version.
+        """
+        name, version = described["family"], described["version"]
+        recorded = described.get("models_dir")
+        if models_dir is None and recorded is not None:
+            models_dir = Path(recorded)
+            if not models_dir.is_dir():
+                raise UserError(f"the plan's models directory {recorded} no longer exists",
+                                hint=f"convert-model {name} --version {version} --output-dir {recorded} writes it "
+                                     f"again, or give --models-dir DIR")
+        family = cls.load(name, version, models_dir)
+        module = described["module"]  # the package it named, whichever directory it was imported from
+        if not (isinstance(module, str) and module.endswith(f".{name}.{version_dir(version)}")
+                and (module == family.package or models_dir is not None)):
+            raise UserError(f"the plan's module is {module!r} but the {name} recipe gives {family.package!r}: "
+                            f"re-plan with partition-model")
+        return family
 
     @property
     def name(self) -> str:
@@ -62,8 +90,19 @@ class ModelFamily:
 
     @property
     def package(self) -> str:
-        """The generated package of this release (it exports every class of the recipe)."""
-        return generated_package(self.name, self.version)
+        """The generated package of this release (it exports every class of the recipe), as it imports here."""
+        return generated_package(self.name, self.version, self.root)
+
+    def _missing(self) -> UserError:
+        """No generated package of this release where this family looks: the convert-model run that writes it."""
+        here, root = Path.cwd(), self.root or default_root()
+        run = f"convert-model {self.name} --version {self.version}"  # its default output: ./generated_models
+        run += "" if (here / root_package(None)).resolve() == root else f" --output-dir {root}"
+        if self.root is not None:
+            return UserError(f"no generated model {self.name} {self.version} in {self.root} (run: {run})")
+        found = [d for d in (here, here / root_package(None)) if converted_in(d, self.name, self.version)]
+        hint = f"{found[0]} holds convert-model's output for it: give --models-dir {found[0]}" if found else None
+        return UserError(f"no generated model {self.package} (run: {run})", hint=hint)
 
     def class_info(self, class_name: str) -> ClassInfo:
         try:
@@ -78,13 +117,13 @@ class ModelFamily:
         """The package whose models and configs this release's generated code uses is that very release."""
         if self._checked_release:
             return
+        mount(self.root)
         try:  # no package of this release at all is said first: convert-model makes it
             found = importlib.util.find_spec(self.package) is not None
         except ModuleNotFoundError:
             found = False
         if not found:
-            raise UserError(f"no generated model {self.package} (run: convert-model {self.name} --version "
-                            f"{self.version})")
+            raise self._missing()
         package = self.definition.package
         installed, where = _installed(package)
         if installed != self.version:
@@ -115,8 +154,7 @@ class ModelFamily:
         self.class_info(class_name)
         self.require_release()
         try:
-            found = import_class(self.package, class_name, f"no generated model {self.package} (run: convert-model "
-                                                           f"{self.name} --version {self.version})")
+            found = import_class(self.package, class_name, str(self._missing()))
         except ImportError as exc:
             raise UserError(f"{self.package} does not import ({type(exc).__name__}: {exc})") from None
         assert issubclass(found, torch.nn.Module), found  # class_info: one of the family's generated model classes
@@ -194,4 +232,5 @@ class ModelFamily:
                 "config_class": self.definition.config_path, "shape": shape, "config": config.to_dict(),
                 "granularity": granularity, "micro_batch": micro_batch.to_dict(),
                 "inputs": [spec.to_dict() for spec in self.input_specs(class_name)],
-                "layer_lists": list(self.layer_lists(class_name))}
+                "layer_lists": list(self.layer_lists(class_name)),
+                **({"models_dir": str(self.root)} if self.root is not None else {})}

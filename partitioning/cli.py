@@ -12,7 +12,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from common.cli import Parser, count, positive_int, positive_number, run
+from common.cli import Parser, count, nonempty_path, positive_int, positive_number, run
 from common.errors import UserError
 from families.registry import definitions
 from partitioning import command
@@ -68,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     families = definitions()
     parser.add_argument("family", help=f"model family (known: {', '.join(sorted(families))})")
     parser.add_argument("--version", required=True, help="transformers release the model was generated from")
+    parser.add_argument("--models-dir", type=nonempty_path, metavar="DIR",
+                        help="the generated code: a convert-model --output-dir (default: the repository's "
+                             "generated_models); the plan records it for --run and train-model")
     parser.add_argument("--stages", type=positive_int, help="number of pipeline stages K (with --target ipu: --ipus)")
     parser.add_argument("--target", choices=tuple(TARGETS), default="gpu",
                         help="; ".join(f"{target.name}: {target.summary}" for target in TARGETS.values()))

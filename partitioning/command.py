@@ -80,7 +80,7 @@ def _check_device(name: str) -> None:
 
 def _plan(request: Request, target: Target) -> tuple[Request, list[str], dict[Path, bytes]]:
     """The settled request, the report lines and the files to write (nothing is written here)."""
-    family = ModelFamily.load(request.family, request.version)
+    family = ModelFamily.load(request.family, request.version, request.models_dir)
     request = _check(request, family, target)
     assert request.stages is not None and request.batch is not None  # settled by the target
     calibration = _calibration(request.calibration) if request.calibration else None
@@ -153,7 +153,7 @@ def _calibrate(request: Request, target: Target) -> str:
     import torch
 
     assert request.calibrate is not None
-    family = ModelFamily.load(request.family, request.version)
+    family = ModelFamily.load(request.family, request.version, request.models_dir)
     class_name = request.class_of(family.definition)
     if not family.class_info(class_name).trains:
         raise UserError(f"--calibrate times training steps: it needs a class that computes its loss, "

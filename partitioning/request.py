@@ -51,6 +51,7 @@ class Request:
     run_steps: int
     options: Any  # the target's own flags, or None
     verbose: bool
+    models_dir: Path | None = None  # where the generated code is (None: the repository's generated_models)
 
     def class_of(self, definition: FamilyDefinition) -> str:
         return self.class_name or definition.default_class

@@ -49,6 +49,7 @@ class Request:
     nnodes: int = 1
     node_rank: int | None = None
     rdzv_endpoint: str | None = None
+    models_dir: Path | None = None  # the generated code (default: the directory the plan records)
     verbose: bool = False
 
 
@@ -100,6 +101,8 @@ def parser() -> argparse.ArgumentParser:
                         help="machines sharing the ranks; without --node-rank: print each machine's command")
     parser.add_argument("--node-rank", type=count, help="this machine's index (with --nnodes, --rdzv-endpoint)")
     parser.add_argument("--rdzv-endpoint", type=_endpoint, help="HOST:PORT of node 0 (the rendezvous)")
+    parser.add_argument("--models-dir", type=nonempty_path, metavar="DIR",
+                        help="import the generated code from DIR (default: the directory the plan records)")
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser
 
