@@ -27,39 +27,45 @@ def setitem(target: Any, index: Any, value: Any) -> Any:
     region's gradient goes to ``value``, the rest to ``target``).
 
     ``index`` is basic indexing: an int, a slice or ``...``, or a tuple of them;
-    ``None``, booleans and tensors (advanced indexing) raise ``TypeError``.  No Python
-    decision reads tensor data or shapes (an ``...`` counts the dimensions after it
-    from the end), so tracers that wrap every value follow the calls.
+    ``None``, booleans and tensors (advanced indexing) raise ``TypeError``.  The Python
+    decisions read no tensor data and no symbolic bound (an ``...`` counts the
+    dimensions after it from the end), so tracers that wrap every value follow the
+    calls and torch.export keeps dynamic dimensions dynamic; only the value's shape
+    (broadcast or not) is a branch a tracer records as taken.
     """
     elements = index if isinstance(index, tuple) else (index,)
+    # isinstance, not ``is`` or truth values, throughout: strict torch.export takes both as constants of the
+    # whole slice or list, specializing every symbolic bound in it (the T5 mask's length).
     for element in elements:
-        if element is None or isinstance(element, (bool, torch.Tensor)):
+        if isinstance(element, (type(None), bool, torch.Tensor)):
             raise TypeError(f"setitem: basic indexing only (ints, slices, ...), got {element!r}")
-    ellipses = [position for position, element in enumerate(elements) if element is Ellipsis]
+    ellipses = [position for position, element in enumerate(elements) if isinstance(element, type(Ellipsis))]
     if len(ellipses) > 1:
         raise TypeError("setitem: an index can only have a single ellipsis ('...')")
-    split = ellipses[0] if ellipses else len(elements)
+    split = ellipses[0] if len(ellipses) > 0 else len(elements)
     # (dimension of target, element), outermost first: counted from the front before the ellipsis, from
     # the end after it.
     after = elements[split + 1:]
     steps = [*enumerate(elements[:split]), *((position - len(after), e) for position, e in enumerate(after))]
+    kept = [(d, e) for d, e in steps if not _whole(e)]
     # A whole-tensor assignment still scatters (along dimension 0): the result stays a function of target, whose
     # gradient is then zeros, not none, as after the in-place assignment.
-    return _scatter(target, [(d, e) for d, e in steps if not _whole(e)] or [(0, slice(None))], value)
+    return _scatter(target, kept if len(kept) > 0 else [(0, slice(None))], value)
 
 
 def _whole(element: Any) -> bool:
     """``:``: the dimension as it is, nothing to scatter."""
-    return isinstance(element, slice) and element.start is None and element.stop is None and element.step is None
+    return isinstance(element, slice) and all(isinstance(bound, type(None))
+                                              for bound in (element.start, element.stop, element.step))
 
 
 def _scatter(target: Any, steps: list[tuple[int, Any]], value: Any) -> Any:
-    if not steps:
+    if len(steps) == 0:
         return _filled(target, value)
     (dimension, element), rest = steps[0], steps[1:]
     if isinstance(element, slice):
         part = target[_at(dimension, element)]
-        step = 1 if element.step is None else element.step
+        step = 1 if isinstance(element.step, type(None)) else element.step
         return torch.slice_scatter(target, _scatter(part, rest, value), dimension, element.start, element.stop, step)
     part = target.select(dimension, element)
     # The int is gone from ``part``: front-counted dimensions after it move one down.

@@ -13,6 +13,7 @@ import torch
 import torch.fx
 from support import ftpipe_standin
 from torch import nn
+from torch.export import Dim
 
 from stateless import setitem
 
@@ -92,19 +93,23 @@ class Pads(nn.Module):
         return mask + 1
 
 
-def pads_inputs(seed: int) -> dict[str, torch.Tensor]:
+def pads_inputs(seed: int, batch: int = 2, length: int = 5) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
-    return {"mask": torch.randn(2, 1, 4, 6, generator=generator),
-            "pad": torch.randint(0, 2, (2, 5), generator=generator)}
+    return {"mask": torch.randn(batch, 1, 4, length + 1, generator=generator),
+            "pad": torch.randint(0, 2, (batch, length), generator=generator)}
 
 
 def test_traced_by_fx_as_one_call_and_by_export() -> None:
-    model, traced_inputs, fresh = Pads(), pads_inputs(0), pads_inputs(1)
+    model, traced_inputs, fresh = Pads(), pads_inputs(0), pads_inputs(1, batch=3, length=7)
     graph_module = torch.fx.symbolic_trace(model)
     assert [node.target for node in graph_module.graph.nodes].count(setitem) == 1
     assert torch.equal(graph_module(**fresh), model(**fresh))
-    program = torch.export.export(model, (), traced_inputs, strict=False)
-    assert torch.equal(program.module()(**fresh), model(**fresh))
+    # Strict, with the padded length dynamic: setitem must not specialize the slice bound it is given.
+    batch, length = Dim("batch", min=2, max=64), Dim("length", min=2, max=64)
+    for strict in (True, False):
+        program = torch.export.export(model, (), traced_inputs, strict=strict, dynamic_shapes={
+            "mask": {0: batch, 3: length + 1}, "pad": {0: batch, 1: length}})
+        assert torch.equal(program.module()(**fresh), model(**fresh))
 
 
 def test_ftpipe_keeps_the_assignment(monkeypatch: pytest.MonkeyPatch) -> None:
