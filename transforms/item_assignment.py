@@ -15,7 +15,7 @@ from transforms.library.leaf_helper import with_fx_wrap
 
 @dataclass(frozen=True)
 class ItemAssignmentOptions:
-    helper: str = "stateless.setitem"  # module.function: f(target, index, value) sets target[index] and returns it
+    helper: str = "stateless.setitem"  # module.function: f(target, index, value) -> target with target[index] = value
 
     def __post_init__(self) -> None:
         module, _, name = self.helper.rpartition(".")
@@ -44,10 +44,16 @@ class ItemAssignment(Transform):
     """``x[..., :n] = v`` in a method -> ``x = setitem(x, (..., slice(None, n)), v)``, an fx leaf.
 
     ``symbolic_trace`` cannot record an assignment into a Proxy ("'Proxy' object
-    does not support item assignment").  The helper performs the very same
-    in-place assignment and returns its target, so every alias of the tensor
-    sees the change as before; fx records one call (a leaf), torch.export traces
-    through it.  Only assignments whose subscript slices (a ``:`` or ``...``) a
+    does not support item assignment").  The helper returns a new tensor holding
+    the assignment's result (out of place, the same bits and gradients) and the
+    name is rebound to it, so the update is a value the rest of the method
+    uses: a tracer that keeps only what the output is computed from (FTPipe's)
+    would drop an in-place assignment.  fx records one call (a leaf),
+    torch.export and FTPipe trace through it.  Other aliases of the old tensor
+    (views of it, the caller's argument) no longer see the update: a recipe
+    applies the transform where the target is a local copy, as in T5's
+    ``_prepare_4d_causal_attention_mask_with_cache_position`` (``clone()``
+    first).  Only assignments whose subscript slices (a ``:`` or ``...``) a
     local variable of a method are rewritten: those are tensor updates, not
     dictionary entries.  Option ``helper`` names the function (default
     ``stateless.setitem``)::

@@ -23,6 +23,9 @@ Checks (each a list of named cases; a failing case does not stop the others):
   export-non-strict the same, non-strict, every class
   partition         ``partition-model t5 --version <release>`` (the committed package, not --generated): a
                     2-stage plan of the tiny shape on meta for every class
+  ftpipe            FTPipe's tracer semantics (tests/support/ftpipe_standin.py): every class and path,
+                    stateful and stateless, with and without padding; the recorded program torch.equal
+                    to eager on the traced inputs and on fresh ones (tests/support/t5_release_ftpipe.py)
 Stock runs the eager attention where a release offers several (``attn_implementation="eager"``),
 which is what the generated model computes. Exit 0 when every check passed, 1 when one failed,
 2 when the environment is wrong (another transformers imported, missing files).
@@ -47,12 +50,15 @@ import torch
 import torch.nn.functional as F
 from torch.export import Dim
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: run as a script, it imports the support package
+# Run as a script: tests/ for the support package, and this checkout's root before any editable install of
+# another checkout (the generated code imports stateless, the partition check partitioning).
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[2])]
 from support.release_process import environment, wrong_release  # noqa: E402
 from support.t5_cases import CLASSES, CONFIGS, PATHS, call_kwargs, config_kwargs, inputs, reference_output  # noqa: E402
+from support.t5_release_ftpipe import ftpipe_cases  # noqa: E402
 
 CHECKS = ("eval", "train", "dropout-active", "state-dict", "stateless-eval", "stateless-train", "fx",
-          "export-strict", "export-non-strict", "partition")
+          "export-strict", "export-non-strict", "partition", "ftpipe")
 TIED, UNTIED = "1layer-relu-tied", "2layer-gelu-untied"
 TRACE_CONFIG = UNTIED
 CASES = [(cls, path) for cls in CLASSES for path in PATHS[cls]]
@@ -304,6 +310,7 @@ RUNNERS: dict[str, Callable[[Models], Iterator[Case]]] = {
     "export-strict": lambda models: export_cases(models, strict=True),
     "export-non-strict": lambda models: export_cases(models, strict=False),
     "partition": partition_cases,
+    "ftpipe": lambda models: ftpipe_cases(models.build, (TIED, UNTIED)),
 }
 
 
