@@ -85,6 +85,7 @@ def relay_shared_activations(split_gm: torch.fx.GraphModule) -> None:
         values = [user for user in producer.users if user.target is operator.getitem] or [producer]
         for value in values:
             consumers = sorted({user for user in value.users if user in order}, key=order.__getitem__)
+            original = value  # what every later consumer still reads until its turn comes
             for previous, following in zip(consumers, consumers[1:]):
                 module = _stage(split_gm, previous)
                 placeholders = [node for node in module.graph.nodes if node.op == "placeholder"]
@@ -96,7 +97,7 @@ def relay_shared_activations(split_gm: torch.fx.GraphModule) -> None:
                 with graph.inserting_after(previous):
                     relayed = graph.call_function(operator.getitem, (previous, len(outputs)))
                 relayed.meta = dict(value.meta)
-                following.replace_input_with(value, relayed)
+                following.replace_input_with(original, relayed)
                 value = relayed
     split_gm.recompile()
 
