@@ -136,3 +136,38 @@ def check_checkpoint(meta: MetaModel, checkpoint: Checkpoint, family: ModelFamil
 def source_key(meta: MetaModel, name: str, checkpoint: Checkpoint) -> str | None:
     """The checkpoint key a stateless tensor loads from (the first of its stock names present), else None."""
     return next((key for key in meta.keys[name] if key in checkpoint.shapes), None)
+
+
+def materialize(module: nn.Module, meta: MetaModel, checkpoint: Checkpoint, device: torch.device, where: str,
+                prefix: str = "") -> None:
+    """Give every ``meta`` tensor of ``module`` (``meta.model`` or a part of it, its names under ``prefix``) its
+    value: read from the checkpoint, else (a buffer the file lacks) the value built; a tensor shared under
+    several names is read once and stays shared."""
+    replaced: dict[int, torch.Tensor] = {}
+    for owner_name, owner in module.named_modules(remove_duplicate=False):
+        for table in (owner._parameters, owner._buffers):
+            for leaf, tensor in list(table.items()):
+                if tensor is None or tensor.device.type != "meta":
+                    continue
+                name = f"{owner_name}.{leaf}" if owner_name else leaf
+                if id(tensor) not in replaced:
+                    replaced[id(tensor)] = _value(meta, checkpoint, device, name.removeprefix(prefix), tensor, where)
+                table[leaf] = replaced[id(tensor)]
+    left = [name for name, t in [*module.named_parameters(), *module.named_buffers()] if t.device.type == "meta"]
+    if left:
+        raise UserError(f"{where}: {left[0]} has no value to load")
+
+
+def _value(meta: MetaModel, checkpoint: Checkpoint, device: torch.device, name: str, like: torch.Tensor,
+           where: str) -> torch.Tensor:
+    if name not in meta.keys:
+        raise UserError(f"{where} holds {name}, which the model does not name")
+    key = source_key(meta, name, checkpoint)
+    if key is not None:
+        value = checkpoint.load([key])[key]
+    elif name in meta.buffers:
+        value = meta.buffers[name].clone()
+    else:
+        raise UserError(f"checkpoint {checkpoint.directory} lacks {meta.keys[name][0]}")
+    value = value.to(device=device, dtype=like.dtype)
+    return nn.Parameter(value, requires_grad=like.requires_grad) if isinstance(like, nn.Parameter) else value

@@ -29,7 +29,7 @@ from partitioning.gpu.pipelining import PipelineRun
 from partitioning.plan import Plan
 from partitioning.solve.partition import Settings
 from partitioning.train.checkpoint import Checkpoint
-from partitioning.train.model import MetaModel, build_meta, check_checkpoint, source_key
+from partitioning.train.model import MetaModel, build_meta, check_checkpoint, materialize
 
 PREFIX = "model."  # the stage modules' names: PipelineRun wraps the model as ``model``
 
@@ -91,32 +91,7 @@ class StageModel:
 
     def _materialize(self, module: nn.Module) -> None:
         """Give the stage its own tensors, from the checkpoint (buffers it lacks: their built values)."""
-        replaced: dict[int, torch.Tensor] = {}
-        for owner_name, owner in module.named_modules(remove_duplicate=False):
-            for table in (owner._parameters, owner._buffers):
-                for leaf, tensor in list(table.items()):
-                    if tensor is None or tensor.device.type != "meta":
-                        continue
-                    name = f"{owner_name}.{leaf}" if owner_name else leaf
-                    if id(tensor) not in replaced:
-                        replaced[id(tensor)] = self._value(name.removeprefix(PREFIX), tensor)
-                    table[leaf] = replaced[id(tensor)]
-        left = [name for name, t in [*module.named_parameters(), *module.named_buffers()] if t.device.type == "meta"]
-        if left:
-            raise UserError(f"stage {dist.get_rank()}: {left[0]} has no value to load")
-
-    def _value(self, name: str, like: torch.Tensor) -> torch.Tensor:
-        if name not in self.meta.keys:
-            raise UserError(f"stage {dist.get_rank()} holds {name}, which the model does not name")
-        key = source_key(self.meta, name, self.checkpoint)
-        if key is not None:
-            value = self.checkpoint.load([key])[key]
-        elif name in self.meta.buffers:
-            value = self.meta.buffers[name].clone()
-        else:
-            raise UserError(f"checkpoint {self.checkpoint.directory} lacks {self.meta.keys[name][0]}")
-        value = value.to(device=self.device, dtype=like.dtype)
-        return nn.Parameter(value, requires_grad=like.requires_grad) if isinstance(like, nn.Parameter) else value
+        materialize(module, self.meta, self.checkpoint, self.device, f"stage {dist.get_rank()}", PREFIX)
 
     def parameters(self) -> list[nn.Parameter]:
         return list(self.module.parameters())
