@@ -237,7 +237,8 @@ def rss(args: argparse.Namespace, scratch: Path) -> str:
             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in records:
         state = 3 * r["param_mb"]
-        rows.append(f"| {r['rank']} | {r['params'] / 1e6:.1f} M | {r['param_mb']:.0f} | {state:.0f} | "
+        cuda = f" (CUDA peak {r['cuda_peak_mb']:.0f} MB)" if "cuda_peak_mb" in r else ""
+        rows.append(f"| {r['rank']}{cuda} | {r['params'] / 1e6:.1f} M | {r['param_mb']:.0f} | {state:.0f} | "
                     f"{r['baseline_mb']:.0f} | {r['peak_mb']:.0f} | {r['peak_mb'] - r['baseline_mb']:.0f} | "
                     f"{(r['peak_mb'] - r['baseline_mb']) / state:.2f} | "
                     f"{r['peak_mb'] / (r['baseline_mb'] + state):.2f} |")
@@ -279,15 +280,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args.worker)
         return 0
-    parts = []
-    with tempfile.TemporaryDirectory(prefix="bench_train.") as scratch:
-        if args.part in ("both", "speed"):
-            parts.append(throughput(args, Path(scratch)))
-        if args.part in ("both", "rss"):
-            parts.append(rss(args, Path(scratch)))
     device = "CUDA" if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores, gloo, 1 thread per rank)"
-    text = f"{SECTION}\n\nMeasured with torch {torch.__version__} on {device}.\n\n" + "\n".join(parts)
-    print(text)
+    parts = [f"{SECTION}\n\nMeasured with torch {torch.__version__} on {device}.\n"]
+    print(parts[0], flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench_train.") as scratch:
+        for part, measure in (("speed", throughput), ("rss", rss)):
+            if args.part in ("both", part):
+                parts.append(measure(args, Path(scratch)))
+                print(parts[-1], flush=True)  # each part as it is measured
+    text = "\n".join(parts)
     if args.docs:
         write_docs(args.docs, text)
     return 0
