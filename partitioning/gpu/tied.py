@@ -25,12 +25,16 @@ from common.errors import UserError
 
 @dataclass
 class TiedCopy:
-    """This rank's copy of a parameter that several stages hold, and what each of its uses sent back."""
+    """One chunk's copy of a parameter that several chunks hold, and what each of its uses sent back.
+
+    ``stages``: the ranks holding a copy (``group`` is theirs); ``chunk``: the stage index of this copy.
+    """
 
     name: str
     stages: tuple[int, ...]
     parameter: nn.Parameter
     group: dist.ProcessGroup
+    chunk: int = 0
     per_micro_batch: list[list[torch.Tensor | None]] = field(default_factory=list)  # [micro-batch][use]
 
     def watch(self, outputs: object) -> None:
@@ -63,35 +67,54 @@ class TiedCopy:
         return keep
 
 
-def ordered_sum(copy: TiedCopy, micro_batches: int) -> torch.Tensor:
-    """All holders' use gradients, summed per micro-batch from the last use back, then over micro-batches."""
-    if len(copy.per_micro_batch) != micro_batches:
-        raise UserError(f"{copy.name}: {len(copy.per_micro_batch)} forwards in a step of {micro_batches} micro-batches")
-    zero = torch.zeros_like(copy.parameter)
+def ordered_sum(copies: Sequence[TiedCopy], micro_batches: int, ranks_of: Sequence[int]) -> torch.Tensor:
+    """All holders' use gradients, summed per micro-batch from the last use back, then over micro-batches.
+
+    ``copies``: this rank's copies of one weight, in chunk order; ``ranks_of``: the rank of every chunk.
+    """
+    for copy in copies:
+        if len(copy.per_micro_batch) != micro_batches:
+            raise UserError(f"{copy.name}: {len(copy.per_micro_batch)} forwards in a step of {micro_batches} "
+                            f"micro-batches")
+    first = copies[0]
+    zero = torch.zeros_like(first.parameter)
     device = zero.device  # collectives run where the weight lives (NCCL needs CUDA tensors)
-    uses_here = len(copy.per_micro_batch[0])
-    # [use, micro-batch, *weight]: a missing gradient (no use reached) is a zero flagged absent
-    mine = torch.stack([torch.stack([g if g is not None else zero for g in uses]) if uses_here else zero[None][:0]
-                        for uses in copy.per_micro_batch], dim=1)
-    present = torch.tensor([[g is not None for g in uses] for uses in copy.per_micro_batch],
-                           dtype=torch.uint8, device=device).reshape(micro_batches, uses_here).T
-    copy.per_micro_batch.clear()
-    counts = [torch.zeros(1, dtype=torch.long, device=device) for _ in copy.stages]
-    dist.all_gather(counts, torch.tensor([uses_here], device=device), group=copy.group)
-    most = int(max(int(c.item()) for c in counts))
-    padded = torch.cat([mine, zero.expand(most - uses_here, micro_batches, *zero.shape)])
-    flags = torch.cat([present, torch.zeros(most - uses_here, micro_batches, dtype=torch.uint8, device=device)])
-    gathered = [torch.empty_like(padded) for _ in copy.stages]
-    gathered_flags = [torch.empty_like(flags) for _ in copy.stages]
-    dist.all_gather(gathered, padded, group=copy.group)
-    dist.all_gather(gathered_flags, flags, group=copy.group)
-    uses = [(holder, use) for holder, count in enumerate(counts) for use in range(int(count.item()))]
+    counts = torch.zeros(len(ranks_of), dtype=torch.long, device=device)  # uses per chunk
+    parts, flags = [], []
+    for copy in copies:
+        uses = len(copy.per_micro_batch[0])
+        counts[copy.chunk] = uses
+        # [use, micro-batch, *weight]: a missing gradient (no use reached) is a zero flagged absent
+        parts.append(torch.stack([torch.stack([g if g is not None else zero for g in per]) if uses else zero[None][:0]
+                                  for per in copy.per_micro_batch], dim=1))
+        flags.append(torch.tensor([[g is not None for g in per] for per in copy.per_micro_batch],
+                                  dtype=torch.uint8, device=device).reshape(micro_batches, uses).T)
+        copy.per_micro_batch.clear()
+    mine, present = torch.cat(parts), torch.cat(flags)
+    all_counts = [torch.zeros_like(counts) for _ in first.stages]
+    dist.all_gather(all_counts, counts, group=first.group)
+    per_chunk = [int(c) for c in torch.stack(all_counts).sum(dim=0).tolist()]  # each chunk is on one rank
+    per_rank = [sum(n for c, n in enumerate(per_chunk) if ranks_of[c] == rank) for rank in first.stages]
+    most = max(per_rank)
+    padded = torch.cat([mine, zero.expand(most - len(mine), micro_batches, *zero.shape)])
+    flagged = torch.cat([present, torch.zeros(most - len(mine), micro_batches, dtype=torch.uint8, device=device)])
+    gathered = [torch.empty_like(padded) for _ in first.stages]
+    gathered_flags = [torch.empty_like(flagged) for _ in first.stages]
+    dist.all_gather(gathered, padded, group=first.group)
+    dist.all_gather(gathered_flags, flagged, group=first.group)
+    rows: list[tuple[int, int]] = []  # (holder's position in the group, row): chunks in order, uses in forward order
+    offset = dict.fromkeys(range(len(first.stages)), 0)
+    for chunk, count in enumerate(per_chunk):
+        holder = first.stages.index(ranks_of[chunk]) if count else -1
+        for _ in range(count):
+            rows.append((holder, offset[holder]))
+            offset[holder] += 1
     total: torch.Tensor | None = None
     for micro_batch in range(micro_batches):
         per_batch: torch.Tensor | None = None
-        for holder, use in reversed(uses):  # stages in order, uses in forward order: walk it backwards
-            if gathered_flags[holder][use, micro_batch]:
-                part = gathered[holder][use, micro_batch]
+        for holder, row in reversed(rows):  # walk the uses backwards, as autograd does
+            if gathered_flags[holder][row, micro_batch]:
+                part = gathered[holder][row, micro_batch]
                 per_batch = part if per_batch is None else per_batch + part
         if per_batch is not None:
             total = per_batch if total is None else total + per_batch
