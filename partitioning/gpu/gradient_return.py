@@ -21,7 +21,9 @@ holder's own accumulation, exactly where a received gradient would be.
 Messages between a pair of stages go in one fixed order per micro-batch
 (the link's values in index order), and micro-batches run backward in the
 same order on every stage, so NCCL's in-order matching holds as well as
-gloo's.
+gloo's.  Where a rank runs several chunks, two links may join the same pair
+of ranks: each link has its own tag (gloo matches per tag), and a link
+between two chunks of one rank hands its tensors over in memory.
 """
 
 from __future__ import annotations
@@ -38,7 +40,13 @@ class GradientLink:
     def __init__(self, sender: int, receiver: int, count: int) -> None:
         self.sender, self.receiver, self.count = sender, receiver, count
         self.group: dist.ProcessGroup | None = None  # set once the process group exists
+        self.source, self.destination, self.tag = sender, receiver, 0  # ranks (chunk = rank until connected)
         self._sending: list[tuple[Any, torch.Tensor]] = []  # works in flight and the buffers they read
+        self._local: list[torch.Tensor] = []  # sent to a chunk of the same rank, not yet received
+
+    def connect(self, group: dist.ProcessGroup | None, source: int, destination: int, tag: int) -> None:
+        """The process group, the ranks of the two chunks, and this link's own message tag."""
+        self.group, self.source, self.destination, self.tag = group, source, destination, tag
 
     def __repr__(self) -> str:  # names the graph node's target in printed graphs
         return f"GradientLink({self.sender}->{self.receiver})"
@@ -61,17 +69,23 @@ class GradientLink:
         return _Inject.apply(self, carrier, *values)
 
     def send(self, grads: tuple[torch.Tensor, ...]) -> None:
+        if self.source == self.destination:
+            self._local.extend(grad.detach() for grad in grads)
+            return
         assert self.group is not None, "the gradient link has no process group"
         for grad in grads:
             buffer = grad.contiguous()
-            self._sending.append((dist.isend(buffer, group=self.group, group_dst=self.receiver), buffer))
+            self._sending.append((dist.isend(buffer, group=self.group, group_dst=self.destination, tag=self.tag), buffer))
 
     def receive(self, like: list[tuple[torch.Size, torch.dtype, torch.device]]) -> list[torch.Tensor]:
+        if self.source == self.destination:
+            taken, self._local = self._local[:len(like)], self._local[len(like):]
+            return taken
         assert self.group is not None, "the gradient link has no process group"
         grads = []
         for shape, dtype, device in like:
             buffer = torch.empty(shape, dtype=dtype, device=device)
-            dist.recv(buffer, group=self.group, group_src=self.sender)
+            dist.recv(buffer, group=self.group, group_src=self.source, tag=self.tag)
             grads.append(buffer)
         return grads
 

@@ -2,7 +2,8 @@
 
 The form is the ``module_to_device`` argument of level-order (BFS) placement
 tools: the root ``""`` names the default device, a deeper name overrides its
-parents.  Stage ``i`` goes to ``f"{prefix}:{i}"``.
+parents.  Stage ``i`` goes to ``f"{prefix}:{rank}"``, the rank the plan places it on (``Plan.ranks``:
+stage ``i`` on rank ``i``, or where a schedule running several chunks per rank puts chunk ``i``).
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ def module_to_device(plan: Plan, prefix: str = "cuda", model: torch.nn.Module | 
     plan.validate()
     placement = {"": f"{prefix}:0"}
     by_name = {block.name: block for block in plan.blocks}
+    ranks = plan.ranks
     for stage in plan.stages:
         for block_name in stage.blocks:
             for module in by_name[block_name].modules:
                 # One module object lives on one device: the first stage that runs it wins for all its names.
                 for name in names_of.get(module, [module]):
-                    placement.setdefault(name, f"{prefix}:{stage.index}")
+                    placement.setdefault(name, f"{prefix}:{ranks[stage.index]}")
     return placement

@@ -1,4 +1,4 @@
-"""Run a plan's stages with ``torch.distributed.pipelining`` (one stage per rank), tied weights kept in sync.
+"""Run a plan's stages with ``torch.distributed.pipelining`` on any of its schedules, tied weights kept in sync.
 
 The engine traces, splits, communicates and schedules; this module adapts a
 plan and a generated model to it and covers what the engine does not do:
@@ -8,7 +8,8 @@ plan and a generated model to it and covers what the engine does not do:
 * tensors sent between stages must be contiguous (gloo rejects T5's permuted
   position bias), and a value needing a gradient may go to one later stage
   only (T5's encoder output feeds every decoder stage): see
-  :mod:`partitioning.gpu.stage_graphs`;
+  :mod:`partitioning.gpu.stage_graphs`, which also passes every value along
+  the chain, stage to stage, as the multi-stage schedules need;
 * the loss is the model's own: its labels are inputs like any other (carried
   to the last stage), the last stage returns the loss, and the schedule's
   ``loss_fn`` passes it through.  So the pipeline computes exactly what the
@@ -22,13 +23,28 @@ plan and a generated model to it and covers what the engine does not do:
   bias, its extended masks) is replayed there from the traced graph (see
   :mod:`partitioning.gpu.recompute_graph`): the parameters it reads become
   replicas kept equal like tied weights, and its gradient goes back to the
-  stage that made it (:mod:`partitioning.gpu.gradient_return`).
+  stage that made it (:mod:`partitioning.gpu.gradient_return`);
+* a plan of K x V chunks (``settings.virtual_stages``) runs V chunks per
+  rank where ``plan.placement`` puts them, which must be where the schedule
+  puts them (the engine's own mapping, :mod:`partitioning.solve.schedules`);
+  the schedule class is the engine's, by the plan's schedule name.  Zero-bubble
+  schedules split a backward into its input-gradient part (I) and its
+  weight-gradient part (W) with the engine's own ``stage_backward_input`` /
+  ``stage_backward_weight``, except in a chunk that returns or receives a
+  recomputed value's gradient (the engine's W re-runs the graph nodes where
+  weight and input paths meet, and a gradient message must go exactly once,
+  before the receiving chunk needs it) or that sends a value made from its
+  weights alone (whose gradient the engine's split loses in part,
+  :func:`weight_only_senders`): such a chunk runs its whole backward in
+  I (the engine's ``dw_builder`` hook) and W does nothing.
 
 With a device mesh ``(("dp", D), ("pp", K))`` the pipeline runs in each of D
-replicas: stage traffic stays in the replica's ``pp`` group, each stage module
-is wrapped in torch's ``DistributedDataParallel`` over its ``dp`` group (the
-schedule lets it reduce in the last backward only), and a tied weight's
-copies, left out of DDP, are summed over every replica's holders at once.
+replicas: stage traffic stays in the replica's ``pp`` group (ranks here are
+that group's), each stage module is wrapped in torch's
+``DistributedDataParallel`` over its ``dp`` group (the schedule lets it
+reduce in the last backward only), and a tied weight's copies, left out of
+DDP, are summed over every replica's holders at once.  Data parallelism
+runs one chunk per rank (V = 1): V > 1 with D > 1 is refused.
 """
 
 from __future__ import annotations
@@ -39,17 +55,26 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, SplitPoint
+from torch.distributed.pipelining import SplitPoint
+from torch.distributed.pipelining import schedules as engine
 from torch.distributed.pipelining._IR import Pipe, annotate_split_points
 
 from common.errors import UserError
 from families.models import SharedWeight
+from partitioning.gpu.data_parallel import data_parallel
 from partitioning.gpu.recompute_graph import Recomputation, recompute_policy
-from partitioning.gpu.stage_graphs import contiguous_boundaries, relay_shared_activations, sort_stage_inputs
+from partitioning.gpu.schedule_stages import (
+    check_placement,
+    full_backward_in_input_step,
+    no_self_warmup,
+    weight_groups_share_nodes,
+    weight_only_senders,
+)
+from partitioning.gpu.stage_graphs import contiguous_boundaries, relay_along_chain, sort_stage_inputs
 from partitioning.gpu.tied import TiedCopy, holders, ordered_sum
 from partitioning.plan import Plan
+from partitioning.solve.schedules import SINGLE, orders
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 TIED_SUMS = ("ordered", "allreduce")
 _PREFIX = "model."
 
@@ -83,7 +108,7 @@ def split_spec(plan: Plan, model: nn.Module, prefix: str = "") -> dict[str, Spli
 
 
 class PipelineRun:
-    """This rank's stage of a plan, its schedule, and the tied-weight synchronisation.
+    """This rank's stages (chunks) of a plan, their schedule, and the tied-weight synchronisation.
 
     ``tied_sum="ordered"`` (default) gives every copy of a tied weight the
     gradient single-process training computes, bit for bit, at the cost of
@@ -92,9 +117,13 @@ class PipelineRun:
     all-reduce, as DeepSpeed does: no extra memory, equal up to the order of
     the float additions.
 
-    ``materialize`` receives this rank's stage module before the engine builds
-    its stage: a model traced on ``meta`` (``example`` on ``meta`` too) gets
-    its values there, and only this stage's (:mod:`partitioning.train.stage`).
+    ``materialize`` receives each of this rank's stage modules before the
+    engine builds its stage: a model traced on ``meta`` (``example`` on
+    ``meta`` too) gets its values there, and only this rank's.
+
+    ``module`` is this rank's stage module (an ``nn.ModuleList`` of its
+    chunks where it runs several: ``chunk_modules``); ``stages`` the number
+    of ranks; ``last``: this rank holds the last chunk (it gets the losses).
 
     ``mesh`` (dims ``"dp"``, ``"pp"``, ranks numbered replica-major) runs one
     replica of the pipeline per ``dp`` index, the replicas' gradients averaged.
@@ -105,22 +134,25 @@ class PipelineRun:
                  materialize: Callable[[nn.Module], None] | None = None, mesh: DeviceMesh | None = None) -> None:
         if not dist.is_initialized():
             raise UserError("torch.distributed is not initialized (launch with torchrun)")
-        if schedule not in SCHEDULES:
-            raise UserError(f"unknown schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
         if tied_sum not in TIED_SUMS:
             raise UserError(f"unknown tied_sum {tied_sum!r}; known: {', '.join(TIED_SUMS)}")
         self.group = mesh.get_group("pp") if mesh is not None else dist.group.WORLD
         self.dp_group = mesh.get_group("dp") if mesh is not None else None
         self.replicas = mesh.size(0) if mesh is not None else 1
         self.rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
-        if world != len(plan.stages):
-            raise UserError(f"the plan has {len(plan.stages)} stages but {world} ranks run (one stage per rank)")
+        virtual = check_placement(plan, schedule, world, micro_batches)
         if mesh is not None and mesh.mesh.flatten().tolist() != list(range(dist.get_world_size())):
             raise UserError("the device mesh must number its ranks replica-major (dp, pp)")
+        if self.replicas > 1 and virtual > 1:
+            raise UserError(f"data parallelism runs one stage per rank: the plan puts {virtual} on each")
         if isinstance(model, SharedWeight):
             model.make_stateless()  # one shared Parameter, no module registered under two names
         self.input_names = tuple(example)
-        self.stages, self.micro_batches, self.tied_sum = len(plan.stages), micro_batches, tied_sum
+        self.ranks_of = plan.ranks  # chunk -> rank
+        self.stages, self.micro_batches, self.tied_sum = world, micro_batches, tied_sum
+        chunk_count = len(plan.stages)
+        self.chunks = [c for c, r in enumerate(self.ranks_of) if r == self.rank]
+        self.last = chunk_count - 1 in self.chunks
         # Every rank makes every group, in the same order: the plan is the same on all of them.
         # the gradient links' own group per replica (on the stages' group their messages would mix with the engine's)
         side = [dist.new_group(row) for row in (mesh.mesh.tolist() if mesh is not None else [list(range(world))])
@@ -131,74 +163,80 @@ class PipelineRun:
         # What torch.distributed.pipelining.pipeline() does, with the recompute rewrite before the split.
         pipe = Pipe.from_tracing(wrapped, tuple(example.values()),
                                  split_policy=recompute_policy(plan, _PREFIX, self.recomputation))
-        for link in self.recomputation.links:
-            link.group = side
-        if pipe.num_stages != self.stages:
-            raise UserError(f"the engine made {pipe.num_stages} stages of a {self.stages}-stage plan")
+        for tag, link in enumerate(self.recomputation.links):
+            link.connect(side, self.ranks_of[link.sender], self.ranks_of[link.receiver], tag)
+        if pipe.num_stages != chunk_count:
+            raise UserError(f"the engine made {pipe.num_stages} stages of a {chunk_count}-stage plan")
         device = device or torch.device("cpu")
-        relay_shared_activations(pipe.split_gm)
+        relay_along_chain(pipe.split_gm)
         sort_stage_inputs(pipe.split_gm)
-        holding = holders([pipe.get_stage_module(i) for i in range(self.stages)])
-        self.module = pipe.get_stage_module(self.rank)
-        self.others = [pipe.get_stage_module(i) for i in range(self.stages) if i != self.rank]
-        if materialize is not None:
-            materialize(self.module)
-        contiguous_boundaries(self.module)
-        self.stage = pipe.build_stage(self.rank, device, self.group)
-        self.schedule = SCHEDULES[schedule](self.stage, micro_batches, loss_fn=model_loss)
+        holding = holders([pipe.get_stage_module(i) for i in range(chunk_count)])
+        self.chunk_modules = [pipe.get_stage_module(c) for c in self.chunks]
+        self.module = self.chunk_modules[0] if virtual == 1 else nn.ModuleList(self.chunk_modules)
+        self.others = [pipe.get_stage_module(i) for i in range(chunk_count) if i not in self.chunks]
+        splits = any(a.kind == "I" for order in orders(schedule, world, virtual, micro_batches) for a in order)
+        for module in self.chunk_modules:
+            if materialize is not None:
+                materialize(module)
+            contiguous_boundaries(module, copy=splits)
+        self.chunk_stages = [pipe.build_stage(c, device, self.group) for c in self.chunks]
+        for stage in self.chunk_stages:
+            no_self_warmup(stage)
+        self.stage = self.chunk_stages[0]
+        linked = {end for link in self.recomputation.links for end in (link.sender, link.receiver)}
+        weight_only = weight_only_senders(plan)
+        for chunk, stage in zip(self.chunks, self.chunk_stages):
+            if splits and (chunk in linked or chunk in weight_only):
+                stage.dw_builder = full_backward_in_input_step
+            elif splits:
+                weight_groups_share_nodes(stage)
+        cls = engine.get_schedule_class(schedule)
+        self.schedule = cls(self.stage if schedule in SINGLE else self.chunk_stages, micro_batches,
+                            loss_fn=model_loss)
         # The engine splits a target per micro-batch for loss_fn; the loss needs none (the labels are inputs).
         self._placeholder = torch.zeros(micro_batches, device=device)
         self.tied = self._tie(holding)
         if self.tied and tied_sum == "ordered":
-            self.module.register_forward_hook(self._watch)
+            for chunk, module in zip(self.chunks, self.chunk_modules):
+                module.register_forward_hook(self._watcher([c for c in self.tied if c.chunk == chunk]))
         if self.dp_group is not None:
-            self._data_parallel(device)
+            data_parallel(self.stage, self.module, [copy.name for copy in self.tied], self.dp_group, device)
 
-    def _data_parallel(self, device: torch.device) -> None:
-        """DDP over this stage's replicas; tied copies are left to :meth:`sync_tied_gradients`."""
-        from torch.nn.parallel import DistributedDataParallel
-
-        class StageDDP(DistributedDataParallel):
-            @property
-            def graph(self) -> torch.fx.Graph:  # the engine reads its stage module's graph (the traced frontend)
-                return self.module.graph
-
-        tied = [copy.name for copy in self.tied]
-        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self.module, tied)
-        if any(p.requires_grad for name, p in self.module.named_parameters() if name not in tied):
-            # the engine sees DDP and runs every backward but a step's last under no_sync()
-            self.stage.submod = StageDDP(
-                self.module, process_group=self.dp_group, broadcast_buffers=False,
-                device_ids=[device] if device.type == "cuda" else None)
-
-    def _watch(self, module: nn.Module, args: object, outputs: object) -> None:
-        for copy in self.tied:  # returns None: a forward hook's result would replace the outputs
-            copy.watch(outputs)
+    @staticmethod
+    def _watcher(copies: list[TiedCopy]) -> Callable[[nn.Module, object, object], None]:
+        def watch(module: nn.Module, args: object, outputs: object) -> None:
+            for copy in copies:  # returns None: a forward hook's result would replace the outputs
+                copy.watch(outputs)
+        return watch
 
     def _tie(self, holders: dict[str, tuple[int, ...]]) -> list[TiedCopy]:
         copies = []
-        local = dict(self.module.named_parameters())
-        pp = self.stages
-        for name, stages in sorted(holders.items()):
-            # every rank takes part in creating every group; global rank = replica * stages + stage
-            group = dist.new_group(sorted(d * pp + s for d in range(self.replicas) for s in stages))
-            if self.rank in stages:
-                parameter = local[name]
-                with torch.no_grad():
-                    dist.broadcast(parameter.data, group=group, group_src=0)
-                copies.append(TiedCopy(name, stages, parameter, group, self.replicas))
+        local = {chunk: dict(module.named_parameters()) for chunk, module in zip(self.chunks, self.chunk_modules)}
+        for name, chunks in sorted(holders.items()):
+            ranks = tuple(sorted({self.ranks_of[c] for c in chunks}))
+            # every rank takes part in creating every group; global rank = replica * ranks per replica + rank
+            group = dist.new_group([d * self.stages + r for d in range(self.replicas) for r in ranks])
+            mine = [c for c in chunks if c in local]
+            if not mine:
+                continue
+            source = local[mine[0]][name]  # the first holder's copy, where this rank holds it
+            with torch.no_grad():  # from replica 0's first holder: the group's ranks are replica-major
+                dist.broadcast(source.data, group=group, group_src=ranks.index(self.ranks_of[chunks[0]]))
+                for chunk in mine[1:]:
+                    local[chunk][name].data.copy_(source.data)
+            copies += [TiedCopy(name, ranks, local[chunk][name], group, chunk=chunk, replicas=self.replicas)
+                       for chunk in mine]
         return copies
 
     def step(self, inputs: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
-        """One pipelined forward and backward of a whole batch (labels included: stage 0 reads ``inputs``).
+        """One pipelined forward and backward of a whole batch (labels included: rank 0 reads ``inputs``).
 
-        The last stage returns each micro-batch's loss.
+        The rank holding the last chunk returns each micro-batch's loss.
         """
         losses: list[torch.Tensor] = []
-        args = tuple(inputs[name] for name in self.input_names) if self.rank == 0 and inputs is not None else ()
-        last = self.rank == self.stages - 1
-        self.schedule.step(*args, target=self._placeholder if last else None, losses=losses if last else None,
-                           return_outputs=False)
+        args = tuple(inputs[name] for name in self.input_names) if 0 in self.chunks and inputs is not None else ()
+        self.schedule.step(*args, target=self._placeholder if self.last else None,
+                           losses=losses if self.last else None, return_outputs=False)
         for link in self.recomputation.links:
             link.finish()
         self.sync_tied_gradients()
@@ -206,22 +244,31 @@ class PipelineRun:
 
     def sync_tied_gradients(self) -> None:
         """Give every copy of a tied weight the gradient of the one weight it stands for."""
+        by_name: dict[str, list[TiedCopy]] = {}
         for copy in self.tied:
             if copy.parameter.grad is None:
-                if self.rank not in self.recomputation.replayed:
-                    raise UserError(f"stage {self.rank} holds {copy.name} but computed no gradient for it")
+                if copy.chunk not in self.recomputation.replayed:
+                    raise UserError(f"stage {copy.chunk} holds {copy.name} but computed no gradient for it")
                 # a replica read only to recompute a value (outside autograd) contributes nothing itself
                 copy.parameter.grad = torch.zeros_like(copy.parameter)
+            by_name.setdefault(copy.name, []).append(copy)
+        for copies in by_name.values():
+            grads = [copy.parameter.grad for copy in copies if copy.parameter.grad is not None]
             if self.tied_sum == "allreduce":
-                dist.all_reduce(copy.parameter.grad, group=copy.group)
+                total = grads[0]
+                for grad in grads[1:]:
+                    total = total + grad
+                dist.all_reduce(total, group=copies[0].group)
                 if self.replicas > 1:
-                    copy.parameter.grad.div_(self.replicas)  # as DDP averages the other parameters
+                    total = total / self.replicas  # as DDP averages the other parameters
             else:
-                total = ordered_sum(copy, self.micro_batches)
+                total = ordered_sum(copies, self.micro_batches, self.ranks_of)
                 # the schedule divided the copy's own gradient by the micro-batch count, DDP the others' by the
                 # replica count: so does the sum
                 count = self.micro_batches * self.replicas if self.schedule.scale_grads else self.replicas
-                copy.parameter.grad.copy_(total / count if count > 1 else total)
+                total = total / count if count > 1 else total
+            for grad in grads:
+                grad.copy_(total)
 
 
 def model_loss(output: torch.Tensor, placeholder: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ of its own stage.
 from __future__ import annotations
 
 import operator
+from typing import Any
 
 import torch
 
@@ -18,8 +19,12 @@ def _contiguous(value: torch.Tensor) -> torch.Tensor:
     return torch.empty(value.shape, dtype=value.dtype, device="meta")
 
 
-def contiguous_boundaries(stage_module: torch.fx.GraphModule) -> None:
+def contiguous_boundaries(stage_module: torch.fx.GraphModule, copy: bool = False) -> None:
     """Make a stage send contiguous tensors and expect contiguous ones.
+
+    ``copy``: send fresh copies, never views: the engine's input-gradient
+    step (zero-bubble schedules) detaches a stage's outputs in place, which
+    a view refuses.  A copy is exact, so gradients do not change.
 
     The engine sizes its receive buffers (activations on the receiving stage,
     gradients on the sending one) with the strides recorded at trace time, so
@@ -34,7 +39,8 @@ def contiguous_boundaries(stage_module: torch.fx.GraphModule) -> None:
     def make_contiguous(value: object) -> object:
         if isinstance(value, torch.fx.Node) and isinstance(value.meta.get("val"), torch.Tensor):
             with graph.inserting_before(output):
-                node = graph.call_method("contiguous", (value,))
+                node = graph.call_function(torch.clone, (value,), {"memory_format": torch.contiguous_format}) \
+                    if copy else graph.call_method("contiguous", (value,))
             node.meta = {**value.meta, "val": _contiguous(value.meta["val"])}
             return node
         if isinstance(value, (tuple, list)):
@@ -68,15 +74,22 @@ def _tuple_output(split_gm: torch.fx.GraphModule, stage_node: torch.fx.Node) -> 
     return [output.args[0][0]]
 
 
-def relay_shared_activations(split_gm: torch.fx.GraphModule) -> None:
-    """Send a value needed by several stages to the first of them only, which passes it on.
+def relay_along_chain(split_gm: torch.fx.GraphModule) -> None:
+    """Make every stage read only what the stage before it sends: a value skipping stages is passed along.
 
-    The engine supports a stage output going to one later stage (even a
-    non-adjacent one) but not to several when it needs a gradient ("Backward
-    of skip connections not supported yet"); T5's encoder output feeds every
-    decoder stage.  Each consumer but the last returns its input unchanged as
-    an extra output for the next consumer, and backward sums the gradients
-    along the same chain.
+    Two engine limits meet here.  A stage output going to several later
+    stages cannot carry a gradient back ("Backward of skip connections not
+    supported yet"; T5's encoder output feeds every decoder stage).  And the
+    multi-stage schedules (interleaved, looped, zero bubble, V-shaped) only
+    talk between neighbours: their runtime posts one stream of messages per
+    pair of adjacent stages, hands a same-rank neighbour its outputs
+    positionally, and says it "does not support models with skip
+    connections".  So every stage between a value's producer and its last
+    consumer returns the value unchanged as an extra output (the input it
+    already reads, or a new input), and later stages read that relay.  In
+    backward the gradients come down the same chain; a relaying stage that
+    also uses the value adds its own use's gradient first, as a stage that
+    consumed and sent it on always did.  Nothing a stage computes changes.
     """
     graph = split_gm.graph
     stages = [node for node in graph.nodes if node.op == "call_module"]
@@ -84,22 +97,47 @@ def relay_shared_activations(split_gm: torch.fx.GraphModule) -> None:
     for producer in stages:
         values = [user for user in producer.users if user.target is operator.getitem] or [producer]
         for value in values:
-            consumers = sorted({user for user in value.users if user in order}, key=order.__getitem__)
-            original = value  # what every later consumer still reads until its turn comes
-            for previous, following in zip(consumers, consumers[1:]):
-                module = _stage(split_gm, previous)
-                placeholders = [node for node in module.graph.nodes if node.op == "placeholder"]
-                passed = placeholders[previous.args.index(value)]
-                outputs = _tuple_output(split_gm, previous)
-                output = next(node for node in module.graph.nodes if node.op == "output")
-                output.args = ((*outputs, passed),)
-                module.recompile()
-                with graph.inserting_after(previous):
-                    relayed = graph.call_function(operator.getitem, (previous, len(outputs)))
-                relayed.meta = dict(value.meta)
-                following.replace_input_with(original, relayed)
-                value = relayed
+            consumers = [user for user in value.users if user in order]
+            if not consumers:
+                continue
+            last = max(order[user] for user in consumers)
+            for between in stages[order[producer] + 1:last]:
+                value = _relay(split_gm, between, value, [s for s in stages if order[s] > order[between]])
     split_gm.recompile()
+
+
+def _traced_value(split_gm: torch.fx.GraphModule, value: torch.fx.Node) -> object:
+    """The traced value (``meta["val"]``) of a stage's output: the producing stage's graph records it."""
+    getitem = value.target is operator.getitem
+    stage: Any = value.args[0] if getitem else value
+    module: Any = split_gm.get_submodule(str(stage.target))
+    output: Any = next(node for node in module.graph.nodes if node.op == "output").args[0]
+    return (output[value.args[1]] if getitem else output).meta["val"]
+
+
+def _relay(split_gm: torch.fx.GraphModule, stage: torch.fx.Node, value: torch.fx.Node,
+           later: list[torch.fx.Node]) -> torch.fx.Node:
+    """``stage`` returns ``value`` (read as an input, added if it was not) to ``later`` stages: the relayed node."""
+    module: Any = split_gm.get_submodule(str(stage.target))
+    placeholders = [node for node in module.graph.nodes if node.op == "placeholder"]
+    if value in stage.args:
+        passed = placeholders[stage.args.index(value)]
+    else:
+        with module.graph.inserting_after(placeholders[-1]) if placeholders else \
+                module.graph.inserting_before(next(iter(module.graph.nodes))):
+            passed = module.graph.placeholder(f"relayed_{value.name}")
+        passed.meta = {"val": _traced_value(split_gm, value)}
+        stage.args = (*stage.args, value)
+    outputs = _tuple_output(split_gm, stage)
+    output = next(node for node in module.graph.nodes if node.op == "output")
+    output.args = ((*outputs, passed),)
+    module.recompile()
+    with split_gm.graph.inserting_after(stage):
+        relayed = split_gm.graph.call_function(operator.getitem, (stage, len(outputs)))
+    relayed.meta = dict(value.meta)
+    for user in later:
+        user.replace_input_with(value, relayed)
+    return relayed
 
 
 def sort_stage_inputs(split_gm: torch.fx.GraphModule) -> None:

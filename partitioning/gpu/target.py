@@ -1,4 +1,4 @@
-"""``--target gpu``: torch.distributed.pipelining, one stage per rank (NCCL on GPUs, gloo on CPU ranks).
+"""``--target gpu``: torch.distributed.pipelining, one or more stages per rank (NCCL on GPUs, gloo on CPU ranks).
 
 The plan is the whole output; ``--run`` then trains it under torchrun
 (:mod:`partitioning.gpu.launch`).
@@ -15,6 +15,7 @@ from families.family import ModelFamily
 from partitioning.gpu.launch import launch
 from partitioning.plan import Plan
 from partitioning.request import DEFAULT_BATCH, Request
+from partitioning.solve.schedules import AUTO, check_runs, default_virtual_stages
 
 
 class GPUTarget:
@@ -40,9 +41,12 @@ class GPUTarget:
             trainers = family.training_classes()
             raise UserError(f"--run trains, so it needs {' or '.join(trainers) or 'a class that computes a loss'} "
                             f"(a class whose forward returns its loss); {info.name} returns its {info.output}")
-        if request.schedule == "1f1b" and request.micro_batches < stages:
-            raise UserError(f"--run with the 1f1b schedule needs micro-batches ({request.micro_batches}) >= stages "
-                            f"({stages}): raise --micro-batches or use --schedule gpipe")
+        if request.schedule != AUTO:  # the engine's own rule for this schedule (auto: checked once chosen)
+            virtual = request.virtual_stages or default_virtual_stages(request.schedule)
+            try:
+                check_runs(request.schedule, stages, virtual, request.micro_batches)
+            except UserError as exc:
+                raise UserError(f"--run: {exc}: raise --micro-batches or choose another --schedule") from None
         return request
 
     def reads(self, request: Request) -> dict[str, Path | None]:

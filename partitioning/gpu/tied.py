@@ -29,12 +29,17 @@ from common.errors import UserError
 
 @dataclass
 class TiedCopy:
-    """This rank's copy of a parameter that several stages hold, and what each of its uses sent back."""
+    """One chunk's copy of a parameter that several chunks hold, and what each of its uses sent back.
+
+    ``stages``: the pipeline ranks (in the ``pp`` group) holding a copy; ``group``: those ranks in every one
+    of the ``replicas``, replica-major; ``chunk``: the stage index of this copy.
+    """
 
     name: str
     stages: tuple[int, ...]
     parameter: nn.Parameter
     group: dist.ProcessGroup  # every holder of every replica, replica-major
+    chunk: int = 0
     replicas: int = 1
     per_micro_batch: list[list[torch.Tensor | None]] = field(default_factory=list)  # [micro-batch][use]
 
@@ -70,42 +75,60 @@ class TiedCopy:
         return keep
 
 
-def ordered_sum(copy: TiedCopy, micro_batches: int) -> torch.Tensor:
+def ordered_sum(copies: Sequence[TiedCopy], micro_batches: int, ranks_of: Sequence[int]) -> torch.Tensor:
     """All holders' use gradients, summed per micro-batch from the last use back, then over micro-batches
-    (replica by replica)."""
-    if len(copy.per_micro_batch) != micro_batches:
-        raise UserError(f"{copy.name}: {len(copy.per_micro_batch)} forwards in a step of {micro_batches} micro-batches")
-    zero = torch.zeros_like(copy.parameter)
+    (replica by replica).
+
+    ``copies``: this rank's copies of one weight, in chunk order; ``ranks_of``: the rank of every chunk.
+    """
+    for copy in copies:
+        if len(copy.per_micro_batch) != micro_batches:
+            raise UserError(f"{copy.name}: {len(copy.per_micro_batch)} forwards in a step of {micro_batches} "
+                            f"micro-batches")
+    first = copies[0]
+    zero = torch.zeros_like(first.parameter)
     device = zero.device  # collectives run where the weight lives (NCCL needs CUDA tensors)
-    uses_here = len(copy.per_micro_batch[0])
-    # [use, micro-batch, *weight]: a missing gradient (no use reached) is a zero flagged absent
-    mine = torch.stack([torch.stack([g if g is not None else zero for g in uses]) if uses_here else zero[None][:0]
-                        for uses in copy.per_micro_batch], dim=1)
-    present = torch.tensor([[g is not None for g in uses] for uses in copy.per_micro_batch],
-                           dtype=torch.uint8, device=device).reshape(micro_batches, uses_here).T
-    copy.per_micro_batch.clear()
-    members = len(copy.stages) * copy.replicas
-    counts = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(members)]
-    dist.all_gather(counts, torch.tensor([uses_here], device=device), group=copy.group)
-    most = int(max(int(c.item()) for c in counts))
-    padded = torch.cat([mine, zero.expand(most - uses_here, micro_batches, *zero.shape)])
-    flags = torch.cat([present, torch.zeros(most - uses_here, micro_batches, dtype=torch.uint8, device=device)])
+    counts = torch.zeros(len(ranks_of), dtype=torch.long, device=device)  # uses per chunk
+    parts, flags = [], []
+    for copy in copies:
+        uses = len(copy.per_micro_batch[0])
+        counts[copy.chunk] = uses
+        # [use, micro-batch, *weight]: a missing gradient (no use reached) is a zero flagged absent
+        parts.append(torch.stack([torch.stack([g if g is not None else zero for g in per]) if uses else zero[None][:0]
+                                  for per in copy.per_micro_batch], dim=1))
+        flags.append(torch.tensor([[g is not None for g in per] for per in copy.per_micro_batch],
+                                  dtype=torch.uint8, device=device).reshape(micro_batches, uses).T)
+        copy.per_micro_batch.clear()
+    mine, present = torch.cat(parts), torch.cat(flags)
+    holders = len(first.stages)
+    members = holders * first.replicas  # the group's ranks: replica-major, the holders in order within one
+    all_counts = [torch.zeros_like(counts) for _ in range(members)]
+    dist.all_gather(all_counts, counts, group=first.group)
+    most = max(int(c.sum()) for c in all_counts)
+    padded = torch.cat([mine, zero.expand(most - len(mine), micro_batches, *zero.shape)])
+    flagged = torch.cat([present, torch.zeros(most - len(mine), micro_batches, dtype=torch.uint8, device=device)])
     gathered = [torch.empty_like(padded) for _ in range(members)]
-    gathered_flags = [torch.empty_like(flags) for _ in range(members)]
-    dist.all_gather(gathered, padded, group=copy.group)
-    dist.all_gather(gathered_flags, flags, group=copy.group)
-    holders = len(copy.stages)
+    gathered_flags = [torch.empty_like(flagged) for _ in range(members)]
+    dist.all_gather(gathered, padded, group=first.group)
+    dist.all_gather(gathered_flags, flagged, group=first.group)
     total: torch.Tensor | None = None
-    for replica, micro_batch in ((d, m) for d in range(copy.replicas) for m in range(micro_batches)):
-        uses = [(holder, use) for holder in range(replica * holders, (replica + 1) * holders)
-                for use in range(int(counts[holder].item()))]
-        per_batch: torch.Tensor | None = None
-        for holder, use in reversed(uses):  # stages in order, uses in forward order: walk it backwards
-            if gathered_flags[holder][use, micro_batch]:
-                part = gathered[holder][use, micro_batch]
-                per_batch = part if per_batch is None else per_batch + part
-        if per_batch is not None:
-            total = per_batch if total is None else total + per_batch
+    for replica in range(first.replicas):
+        # (member of the group, row): this replica's chunks in order, uses in forward order
+        rows: list[tuple[int, int]] = []
+        offset = dict.fromkeys(range(members), 0)
+        for chunk, rank in enumerate(ranks_of):
+            member = replica * holders + first.stages.index(rank) if rank in first.stages else -1
+            for _ in range(int(all_counts[member][chunk]) if member >= 0 else 0):
+                rows.append((member, offset[member]))
+                offset[member] += 1
+        for micro_batch in range(micro_batches):
+            per_batch: torch.Tensor | None = None
+            for member, row in reversed(rows):  # walk the uses backwards, as autograd does
+                if gathered_flags[member][row, micro_batch]:
+                    part = gathered[member][row, micro_batch]
+                    per_batch = part if per_batch is None else per_batch + part
+            if per_batch is not None:
+                total = per_batch if total is None else total + per_batch
     return total if total is not None else zero
 
 

@@ -140,6 +140,9 @@ def execute(request: Request) -> int:
     family, class_name, config, specs, micro_batch = plan_model(plan)
     micro_batches, schedule = settings_of(plan, request.micro_batches)
     stages = len(plan.stages)
+    if len(set(plan.ranks)) != stages:  # the stage model, its checkpoint names and shards are one stage per rank
+        raise UserError(f"train-model runs one stage per rank; {request.plan} puts {stages} stages on "
+                        f"{len(set(plan.ranks))} ranks: re-plan with one stage per rank (--schedule gpipe or 1f1b)")
     if schedule == "1f1b" and micro_batches < stages:
         raise UserError(f"the 1f1b schedule needs micro-batches ({micro_batches}) >= stages ({stages})")
     if request.resume is not None:

@@ -48,7 +48,7 @@ def train(request: Request, device: torch.device) -> StageModel:
         restore(request.resume, stage.rank, optimizer, scheduler, names, stage.replica)
         start = state["step"]
     tokens = size * sum(stage.micro_batch.lengths.values())
-    last = stage.rank == stage.stages - 1
+    last = stage.run.last  # this rank holds the last stage: it gets the losses
     for step in range(start, request.steps):
         began = time.perf_counter()
         batch = stage.shard(data.batch(step, size, request.seed)) if data is not None else None

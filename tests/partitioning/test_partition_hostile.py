@@ -169,7 +169,7 @@ def test_help_still_prints_and_exits_0(capsys) -> None:
     (["--device", "cuda", "--measure", "1"], "--device cuda: cannot allocate there"),  # AssertionError traceback
     (["--device", "meta", "--measure", "1"], "--measure needs a real --device"),
     (["--stages", "3", "--micro-batches", "2", "--run"],  # torchrun, then a torch URL after 35 s
-     "--run with the 1f1b schedule needs micro-batches (2) >= stages (3)"),
+     "--run: the 1f1b schedule cannot run 2 micro-batches on 3 ranks x 1 chunks"),
     (["--stages", "2", "--target", "ipu", "--run"], "--run trains with torch.distributed.pipelining"),
     (["--stages", "2", "--plot", "p.png", "--output", "p.png"], "--output and --plot name the same file p.png"),
 ], ids=["device-bogus", "cuda-without-gpu", "measure-on-meta", "run-micro-batches", "run-ipu", "same-file"])

@@ -135,6 +135,14 @@ def test_options(setup: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> 
     assert "--betas" in run(setup, capsys, betas="0.9")
 
 
+def test_several_stages_per_rank(setup: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """A plan of two chunks on one rank (a looped schedule's placement) is refused, data parallel or not."""
+    looped = setup["root"] / "looped.json"
+    looped.write_text(json.dumps({**json.loads(setup["plan"].read_text()), "placement": [0, 0]}))
+    for replicas in ("1", "2"):
+        assert "runs one stage per rank" in run(setup, capsys, plan=looped, data_parallel=replicas)
+
+
 def test_the_command_trains_and_a_failing_rank_is_one_line(setup: dict[str, Path],
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     """The whole command under torchrun; then a resume whose stage-1 state is damaged: rank 1 fails, exit 2."""

@@ -19,9 +19,10 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the support package
 from families.models import MicroBatch, SharedWeight  # noqa: E402
-from partitioning.cost.chain import family_chain
+from partitioning.cost.chain import family_chain  # noqa: E402
 from partitioning.gpu.pipelining import PipelineRun  # noqa: E402
 from partitioning.solve.partition import Settings, build_plan, partition  # noqa: E402
+from partitioning.solve.schedules import placement  # noqa: E402
 from support.model_checks import Family  # noqa: E402
 
 STEPS, PER_MICRO_BATCH = 3, 2
@@ -63,22 +64,25 @@ def run_case(family: Family, case: str, out: Path) -> None:
     chain = family_chain(models, class_name, cfg, micro_batch)
     # send: every crossing value is sent, as before recomputation existed
     settings = Settings(micro_batches=micro_batches, schedule=schedule, recompute="send" not in options)
+    world, virtual = dist.get_world_size(), settings.virtual_stages or 1
     if split == "optimal":
-        plan = partition(chain.blocks, dist.get_world_size(), settings, {}, chain.values)
-    else:  # the names of the first blocks of stages 1, 2, ...
+        plan = partition(chain.blocks, world, settings, {}, chain.values)
+    else:  # the names of the first blocks of stages (chunks) 1, 2, ...
         names = [block.name for block in chain.blocks]
         starts = [0] + [names.index(name) for name in split.split(",")]
         segments = [(start, end - 1) for start, end in zip(starts, starts[1:] + [len(names)])]
         plan = build_plan(chain.blocks, segments, settings, {}, values=chain.values)
+        if virtual > 1:
+            plan.placement = list(placement(schedule, world, virtual))
 
     assert family.train_batch is not None
     data = [family.train_batch(cfg, PER_MICRO_BATCH * micro_batches, 10 + step) for step in range(STEPS)]
     example = {k: v[:PER_MICRO_BATCH] for k, v in data[0].items()}  # labels too: the model computes its loss
     run = PipelineRun(model, plan, example, micro_batches=micro_batches, schedule=schedule, tied_sum=tied_sum)
     tied = {c.name.removeprefix("model."): c for c in run.tied}
-    rank, last = dist.get_rank(), dist.get_rank() == len(plan.stages) - 1
-
-    local = {name.removeprefix("model."): p for name, p in run.module.named_parameters()}
+    rank, last = dist.get_rank(), run.last
+    local = [(chunk, name.removeprefix("model."), p) for chunk, module in zip(run.chunks, run.chunk_modules)
+             for name, p in module.named_parameters()]
     # every name of a parameter: BERT's MLM decoder bias is its head's bias too, and a stage names it by its use
     reference_parameters = dict(reference.named_parameters(remove_duplicate=False))
     optimizer = torch.optim.Adam(run.module.parameters(), lr=1e-2, foreach=False)
@@ -97,24 +101,32 @@ def run_case(family: Family, case: str, out: Path) -> None:
             p.grad.div_(micro_batches)  # as the schedule scales gradients
         if last and not (len(losses) == micro_batches and all(same(a.detach(), b) for a, b in zip(losses, expected))):
             problems.append(f"step {step}: losses {losses} != {expected}")
-        for name, p in local.items():
+        for chunk, name, p in local:
             expected_grad = reference_parameters[name].grad
             if p.grad is None or expected_grad is None or not same(p.grad, expected_grad):
-                problems.append(f"step {step}: gradient of {name}")
+                off = "" if p.grad is None or expected_grad is None else \
+                    f": off by {(p.grad - expected_grad).abs().max().item():.3g}, " \
+                    f"largest {expected_grad.abs().max().item():.3g}"
+                problems.append(f"step {step}: gradient of {name} (chunk {chunk}){off}")
         optimizer.step(), reference_optimizer.step()
         optimizer.zero_grad(), reference_optimizer.zero_grad()
-    for name, p in local.items():
+    for chunk, name, p in local:
         if not same(p, reference_parameters[name]):
-            problems.append(f"after {STEPS} steps: {name}")
+            problems.append(f"after {STEPS} steps: {name} (chunk {chunk})")
     for name, copy_ in tied.items():  # every replica of a tied weight is the same tensor
         replicas = [torch.empty_like(copy_.parameter) for _ in copy_.stages]
         dist.all_gather(replicas, copy_.parameter.detach(), group=copy_.group)
         if not all(torch.equal(replica, replicas[0]) for replica in replicas):
             problems.append(f"after {STEPS} steps: replicas of {name} differ")
-    record = {"case": case, "rank": rank, "problems": problems, "parameters": sorted(local),
-              "tied": {name: list(c.stages) for name, c in tied.items()},
-              "replayed": run.recomputation.replayed.get(rank, []), "planned": list(plan.stages[rank].recompute),
-              "received": [list(n.meta["val"].shape) for n in run.module.graph.nodes if n.op == "placeholder"]}
+    held: dict[str, list[int]] = {}
+    for copy_ in run.tied:
+        held.setdefault(copy_.name.removeprefix("model."), []).append(copy_.chunk)
+    record = {"case": case, "rank": rank, "problems": problems, "parameters": sorted(name for _, name, _ in local),
+              "tied": held, "chunks": run.chunks,
+              "replayed": {c: run.recomputation.replayed.get(c, []) for c in run.chunks},
+              "planned": {c: sorted(plan.stages[c].recompute) for c in run.chunks},
+              "received": [list(n.meta["val"].shape) for module in run.chunk_modules for n in module.graph.nodes
+                           if n.op == "placeholder"]}
     (out / f"{family.name}_{case.replace(':', '_').replace(',', '+')}.rank{rank}.json").write_text(json.dumps(record))
 
 
@@ -124,7 +136,8 @@ def main() -> int:
     parser.add_argument("--family", default="t5", help="a family of model_families.py, or an LLM as NAME@RELEASE")
     parser.add_argument("cases", nargs="+",
                         help="config:schedule:micro-batches:split[:allreduce][:send], split = 'optimal' or the "
-                             "comma-separated first blocks of stages 1, 2, ...; send: plan without recomputation")
+                             "comma-separated first blocks of stages (chunks) 1, 2, ...; send: plan without "
+                             "recomputation")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     try:
