@@ -59,12 +59,12 @@ def rebuild(described: dict) -> tuple[torch.nn.Module, Any, list[InputSpec], Mic
     what the family's recipe gives here (a stale plan, or one naming other code, is refused).
     """
     try:
-        family = ModelFamily.load(described["family"], described["version"])
+        family = ModelFamily.of_plan(described)  # the code it was planned with (its models_dir)
         class_name = described["class"]
         if not family.class_info(class_name).trains:
             raise UserError(f"training runs need a plan of a class whose forward returns its loss; "
                             f"{class_name} returns its {family.class_info(class_name).output}")
-        for key, expected in (("module", family.package), ("config_class", family.definition.config_path)):
+        for key, expected in (("config_class", family.definition.config_path),):
             if described[key] != expected:
                 raise UserError(f"the plan's {key} is {described[key]!r} but the {family.name} recipe gives "
                                 f"{expected!r}: re-plan with partition-model")

@@ -137,7 +137,7 @@ def execute(request: Request) -> int:
     from partitioning.train.stage import plan_model, settings_of
 
     plan = read_plan(request.plan)
-    family, class_name, config, specs, micro_batch = plan_model(plan)
+    family, class_name, config, specs, micro_batch = plan_model(plan, request.models_dir)
     micro_batches, schedule = settings_of(plan, request.micro_batches)
     stages = len(plan.stages)
     if len(set(plan.ranks)) != stages:  # the stage model, its checkpoint names and shards are one stage per rank

@@ -34,17 +34,17 @@ from partitioning.train.model import MetaModel, build_meta, check_checkpoint, ma
 PREFIX = "model."  # the stage modules' names: PipelineRun wraps the model as ``model``
 
 
-def plan_model(plan: Plan) -> tuple[ModelFamily, str, Any, list[InputSpec], MicroBatch]:
+def plan_model(plan: Plan, models_dir: Path | None = None) -> tuple[ModelFamily, str, Any, list[InputSpec], MicroBatch]:
     """The family, class, config, inputs and micro-batch the plan was made for (a stale plan is refused)."""
     described = plan.model
     try:
-        family = ModelFamily.load(described["family"], described["version"])
+        family = ModelFamily.of_plan(described, models_dir)  # the code it was planned with, or models_dir's
         class_name = described["class"]
         info = family.class_info(class_name)
         if not info.trains:
             raise UserError(f"training needs a plan of a class whose forward returns its loss; {class_name} "
                             f"returns its {info.output}")
-        for key, expected in (("module", family.package), ("config_class", family.definition.config_path)):
+        for key, expected in (("config_class", family.definition.config_path),):
             if described[key] != expected:
                 raise UserError(f"the plan's {key} is {described[key]!r} but the {family.name} recipe gives "
                                 f"{expected!r}: re-plan with partition-model")
@@ -67,8 +67,8 @@ class StageModel:
     """One rank's stage: its module (loaded from the checkpoint), the pipeline step, and global-norm clipping."""
 
     def __init__(self, plan: Plan, checkpoint: Checkpoint, *, device: torch.device | None = None,
-                 micro_batches: int | None = None, data_parallel: int = 1) -> None:
-        self.family, self.class_name, self.config, self.specs, self.micro_batch = plan_model(plan)
+                 micro_batches: int | None = None, data_parallel: int = 1, models_dir: Path | None = None) -> None:
+        self.family, self.class_name, self.config, self.specs, self.micro_batch = plan_model(plan, models_dir)
         self.version = str(plan.model["version"])
         self.micro_batches, self.schedule = settings_of(plan, micro_batches)
         self.meta: MetaModel = build_meta(self.family, self.class_name, self.config)
@@ -155,11 +155,11 @@ def _mesh(replicas: int, stages: int, device: torch.device) -> DeviceMesh | None
 
 
 def load_stage(plan: Plan, checkpoint: Path, device: torch.device | None = None,
-               micro_batches: int | None = None, data_parallel: int = 1) -> StageModel:
+               micro_batches: int | None = None, data_parallel: int = 1, models_dir: Path | None = None) -> StageModel:
     """This rank's stage of ``plan`` with its weights from the HF model directory ``checkpoint``.
 
     ``data_parallel`` replicas of the pipeline run on as many times the plan's stages in ranks;
     each replica's stage 0 passes its share of the batch (see :meth:`StageModel.shard`).
     """
     return StageModel(plan, Checkpoint(checkpoint), device=device, micro_batches=micro_batches,
-                      data_parallel=data_parallel)
+                      data_parallel=data_parallel, models_dir=models_dir)

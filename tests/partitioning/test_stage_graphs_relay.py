@@ -1,4 +1,4 @@
-"""relay_shared_activations with a value read by three or more stages: every later consumer reads the relayed copy.
+"""relay_along_chain with a value read by three or more stages: every later consumer reads the relayed copy.
 
 A 4-stage GPT-2 passes a value from stage 0 to every later stage.  The engine refuses a stage output that needs
 a gradient and goes to more than one stage ("Backward of skip connections not supported yet"), which is what
@@ -16,7 +16,7 @@ from partitioning.cost import granularity as grain
 from partitioning.cost.chain import family_chain
 from partitioning.gpu.pipelining import CarryInputs, split_spec
 from partitioning.gpu.recompute_graph import Recomputation, recompute_policy
-from partitioning.gpu.stage_graphs import relay_shared_activations
+from partitioning.gpu.stage_graphs import relay_along_chain
 from partitioning.solve.partition import Settings, build_plan
 from partitioning.train.model import build_meta
 from partitioning.train.stage import plan_model
@@ -39,10 +39,11 @@ def test_a_value_read_by_every_stage_goes_to_one_stage_at_a_time() -> None:
     annotate_split_points(wrapped, split_spec(plan, model, "model."))
     pipe = Pipe.from_tracing(wrapped, tuple(example.values()), split_policy=recompute_policy(plan, "model.",
                                                                                             Recomputation()))
-    relay_shared_activations(pipe.split_gm)
+    relay_along_chain(pipe.split_gm)
     stages = [node for node in pipe.split_gm.graph.nodes if node.op == "call_module"]
     for stage in stages:
         for value in stage.users:
             readers = [user for user in value.users if user in stages]
             assert len(readers) <= 1, (stage.name, value.name, [r.name for r in readers])
-    assert [len(stage.users) for stage in stages[1:-1]] == [2, 2]  # each middle stage passes the value on
+    # each middle stage passes what later stages read on beside its own output
+    assert all(len(stage.users) >= 2 for stage in stages[1:-1])
