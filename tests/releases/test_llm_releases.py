@@ -87,3 +87,20 @@ def test_the_worker_reports_a_generated_model_that_differs(tmp_path: Path) -> No
     checks = record["families"]["llama"]
     assert checks["state-dict"]["ok"] and not checks["eval"]["ok"]
     assert all("outputs differ" in m for m in checks["eval"]["failures"].values()), checks["eval"]["failures"]
+
+
+def test_the_worker_reports_a_gemma3_that_ignores_its_sliding_window(tmp_path: Path) -> None:
+    """Gemma 3's tiny configs mix sliding and full layers, the window shorter than the sequence: every layer
+    given the full-attention mask is caught in eval (and the package is committed at both releases)."""
+    assert {"4.57.6", "5.23.0"} <= {release for release, families in COMMITTED.items() if "gemma3" in families}
+    source = (GENERATED / "gemma3" / "v5_23_0" / "modeling_gemma3.py").read_text(encoding="utf-8")
+    needle = "attention_mask=causal_mask_mapping[self.config.layer_types[i]]"
+    assert source.count(needle) == 1
+    broken = tmp_path / "modeling_gemma3.py"
+    broken.write_text(source.replace(needle, 'attention_mask=causal_mask_mapping["full_attention"]'), encoding="utf-8")
+    code, record, stderr = run_in_subprocess("5.23.0", installer.install_dir("5.23.0"), ["gemma3"], tmp_path / "r.json",
+                                             checks="eval,state-dict", generated={"gemma3": broken})
+    assert code == 1 and record is not None, stderr[-2000:]
+    checks = record["families"]["gemma3"]
+    assert checks["state-dict"]["ok"] and not checks["eval"]["ok"]
+    assert len(checks["eval"]["failures"]) == 4, checks["eval"]["failures"]  # both classes, tied and untied

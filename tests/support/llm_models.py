@@ -23,6 +23,10 @@ FAMILIES = {
     "gemma3": ("Gemma3TextConfig", "gemma3", "Gemma3TextModel", "Gemma3ForCausalLM", True),
 }
 CONFIGS = ("tied", "untied")
+# Gemma 3: sliding and full layers mixed (sliding, full, sliding), soft-capping on (stock stores the attention
+# cap but passes it to no attention function: equal either way), a query scale that is not head_dim.
+GEMMA3 = {"sliding_window_pattern": 2, "query_pre_attn_scalar": 8, "attn_logit_softcapping": 50.0,
+          "final_logit_softcapping": 3.0, "hidden_activation": "gelu_pytorch_tanh"}
 MASKS = ("padded", "no-mask")
 
 
@@ -54,7 +58,11 @@ class Family:
                       attn_implementation="eager", pad_token_id=0)
         if self.window:
             kwargs.update(sliding_window=3 if tied else 4, use_sliding_window=True, max_window_layers=1)
-        if tied:  # rope scaling on: llama3's for Llama, linear for the others
+        if self.name == "gemma3":  # Gemma 3 adds (the sliding window above is shorter than the sequence)
+            kwargs.update(GEMMA3 if tied else {**GEMMA3, "attn_logit_softcapping": None, "final_logit_softcapping": None})
+            if tied:  # rope scaling on the global (full-attention) rotary table; 5.x keeps `rope_scaling` for it
+                kwargs["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}
+        elif tied:  # rope scaling on: llama3's for Llama, linear for the others
             scaling = ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                         "original_max_position_embeddings": 16} if self.name == "llama"
                        else {"rope_type": "linear", "factor": 2.0})

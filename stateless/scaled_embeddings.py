@@ -1,0 +1,77 @@
+"""The shared-weight runtime (:mod:`stateless.sharing`) for an embedding that scales what it looks up.
+
+Gemma 3's ``Gemma3TextScaledWordEmbedding`` is an ``nn.Embedding`` whose forward is
+``super().forward(input_ids) * self.embed_scale.to(self.weight.dtype)``, ``embed_scale`` a 0-dim,
+non-persistent buffer (``sqrt(hidden_size)``).  :func:`stateless.sharing.make_stateless` replaces every
+user of the shared weight by a plain :class:`~stateless.layers.StatelessEmbedding`, which would drop the
+scale.  A recipe names this module as the ``shared_weight`` transform's ``runtime``; its
+:func:`make_stateless` does the same and then gives each user a :class:`StatelessScaledEmbedding`, which
+carries the buffer itself (moved with the model by ``.to()``) and multiplies exactly as the stock forward
+does, the weight passed in.  :func:`make_stateful` gives back the original modules, with the buffers the
+stateless layers hold now.  Everything else is :mod:`stateless.sharing`'s.
+
+A holder without a 0-dim ``embed_scale`` buffer is refused (``TypeError``): the stateless form would not
+compute what the stateful one does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stateless.layers import StatelessEmbedding
+from stateless.sharing import _set_submodule, _spec, call_shared, make_stateful, shared_weight, stateful_state_dict
+from stateless.sharing import make_stateless as _make_stateless
+
+__all__ = ["StatelessScaledEmbedding", "call_shared", "make_stateful", "make_stateless", "shared_weight",
+           "stateful_state_dict"]
+
+SCALE = "embed_scale"  # the buffer Gemma's scaled embeddings multiply by
+
+
+class StatelessScaledEmbedding(StatelessEmbedding):
+    """A scaled embedding without its weight: ``forward(weight, input_ids)``, times the ``embed_scale`` buffer."""
+
+    def __init__(self, embedding: nn.Embedding) -> None:
+        scale = embedding._buffers.get(SCALE)
+        if not isinstance(scale, torch.Tensor) or scale.dim() != 0:
+            raise TypeError(f"make_stateless: a {type(embedding).__name__} has no 0-dim {SCALE} buffer to scale by")
+        super().__init__(embedding.num_embeddings, embedding.embedding_dim, embedding.padding_idx, embedding.max_norm,
+                         embedding.norm_type, embedding.scale_grad_by_freq, embedding.sparse)
+        self.register_buffer(SCALE, scale, persistent=SCALE not in embedding._non_persistent_buffers_set)
+        self.__dict__["_stateful"] = embedding  # not a submodule: its weight is the shared parameter
+
+    def forward(self, weight: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        # The stock forward's operations, in its order: the lookup, then times the scale cast to the weight's dtype.
+        looked_up = F.embedding(input_ids, weight, self.padding_idx, self.max_norm, self.norm_type,
+                                self.scale_grad_by_freq, self.sparse)
+        scale = cast(torch.Tensor, self.embed_scale)  # a buffer
+        return looked_up * scale.to(weight.dtype)
+
+    def to_embedding(self, weight: nn.Parameter) -> nn.Embedding:
+        """The original module again, owning ``weight`` and this layer's (possibly moved) scale."""
+        embedding: nn.Embedding = self.__dict__["_stateful"]
+        embedding.weight = weight
+        embedding._buffers[SCALE] = self._buffers[SCALE]
+        return embedding
+
+
+def make_stateless(model: nn.Module, *, shared: str, weight: str, users: Sequence[str],
+                   tied_linear: str | None = None) -> nn.Module:
+    """:func:`stateless.sharing.make_stateless`, each user keeping its scale; a no-op when already stateless."""
+    if _spec(model) is not None:
+        return model
+    layers = {}
+    for name in users:  # every refusal before the model changes
+        original = model.get_submodule(name)
+        if not isinstance(original, nn.Embedding):
+            raise TypeError(f"make_stateless: {name} is a {type(original).__name__}, not an nn.Embedding")
+        layers[name] = StatelessScaledEmbedding(original)
+    _make_stateless(model, shared=shared, weight=weight, users=users, tied_linear=tied_linear)
+    for name, layer in layers.items():
+        _set_submodule(model, name, layer)
+    return model
