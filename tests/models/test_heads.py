@@ -1,0 +1,102 @@
+"""The heads users fine-tune (4.5.1): each is stock transformers bit for bit, for each loss stock picks.
+
+Stock 4.5.1 picks the loss from the config (``num_labels == 1``: regression, else single-label
+cross-entropy; it has no ``config.problem_type`` and no multi-label loss; BART is cross-entropy only),
+a Python value fixed before tracing: a traced graph computes the loss of the config it was traced with,
+and a model of another ``num_labels`` is another model (its classifier's shape differs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from support.model_checks import Family, assert_equal_gradients, fx_trace, scalar
+from support.model_families import FAMILIES
+
+ROWS, LENGTH = 3, 7
+REGRESSION, SINGLE = "regression", "single_label_classification"
+# (family, class, problem types): token classification is single-label only (stock 4.5.1).
+HEADS = [("gpt2", "GPT2ForSequenceClassification", (REGRESSION, SINGLE)),
+         ("bert", "BertForSequenceClassification", (REGRESSION, SINGLE)),
+         ("bert", "BertForTokenClassification", (SINGLE,)),
+         ("roberta", "RobertaForSequenceClassification", (REGRESSION, SINGLE)),
+         ("roberta", "RobertaForTokenClassification", (SINGLE,)),
+         ("bart", "BartForSequenceClassification", (SINGLE,))]
+CASES = [(family, name, problem, labels) for family, name, problems in HEADS for problem in problems
+         for labels in (True, False)]
+IDS = [f"{name}-{problem}-{'labels' if labels else 'logits'}" for _, name, problem, labels in CASES]
+
+
+def pair(family: Family, class_name: str, problem: str) -> tuple[Any, Any]:
+    config = family.make_config(family.configs[0])
+    config.num_labels = 1 if problem == REGRESSION else 3
+    config.pad_token_id = 1  # GPT-2's default has none: batches of one row only
+    torch.manual_seed(0)
+    reference = getattr(family.stock, class_name)(config)
+    converted = getattr(family.generated, class_name)(config)
+    converted.load_state_dict(reference.state_dict(), strict=True)
+    return reference, converted
+
+
+def inputs(family: Family, class_name: str, problem: str, labels: bool) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(5)
+    ids = torch.randint(3, family.make_config(family.configs[0]).vocab_size, (ROWS, LENGTH), generator=generator)
+    mask = torch.ones(ROWS, LENGTH, dtype=torch.long)
+    ids[1, -2:] = 1  # padding (GPT-2 picks the last non-pad token)
+    mask[1, -2:] = 0
+    ids[:, -3] = 2  # BART reads the last <eos> of each row (the same count in each)
+    values = {"input_ids": ids, "attention_mask": mask}
+    if labels:
+        token = class_name.endswith("TokenClassification")
+        shape = (ROWS, LENGTH) if token else (ROWS,)
+        values["labels"] = torch.randn(shape, generator=generator) if problem == REGRESSION else \
+            torch.randint(0, 3, shape, generator=generator)
+    return values
+
+
+def stock_output(reference: Any, kwargs: dict[str, torch.Tensor]) -> torch.Tensor:
+    out = reference(**kwargs, return_dict=True)
+    return out.loss if "labels" in kwargs else out.logits
+
+
+@pytest.mark.parametrize("family_name,class_name,problem,labels", CASES, ids=IDS)
+def test_equal_to_stock_eval_train_stateless_and_traced(family_name: str, class_name: str, problem: str,
+                                                        labels: bool) -> None:
+    family = FAMILIES[family_name]
+    kwargs = inputs(family, class_name, problem, labels)
+    reference, converted = pair(family, class_name, problem)
+    reference.eval(), converted.eval()
+    with torch.no_grad():
+        expected = stock_output(reference, kwargs)
+        assert torch.equal(converted(**kwargs), expected)
+        traced = fx_trace(converted, kwargs)
+        assert torch.equal(traced(**kwargs), expected)
+    for model in (converted, pair(family, class_name, problem)[1].make_stateless()):
+        reference.zero_grad(set_to_none=True)
+        reference.train(), model.train()
+        torch.manual_seed(1234)
+        wanted = scalar(stock_output(reference, kwargs))
+        wanted.backward()
+        torch.manual_seed(1234)
+        got = scalar(model(**kwargs))
+        got.backward()
+        assert torch.equal(got, wanted)
+        key, weight = family.shared_key(class_name), family.shared_weight(class_name)
+        renamed = {weight: key} if weight is not None and key is not None else {}
+        assert assert_equal_gradients(model, reference, renamed) > 10
+
+
+def test_bart_refuses_rows_with_different_eos_counts_as_stock_does() -> None:
+    family = FAMILIES["bart"]
+    kwargs = inputs(family, "BartForSequenceClassification", SINGLE, False)
+    kwargs["input_ids"][0, 1] = 2
+    reference, converted = pair(family, "BartForSequenceClassification", SINGLE)
+    with pytest.raises(ValueError, match="same number of <eos>"):
+        reference(**kwargs)
+    with pytest.raises(AssertionError, match="same number of <eos>"):
+        converted(**kwargs)
+    traced = fx_trace(converted.eval(), inputs(family, "BartForSequenceClassification", SINGLE, False))
+    with pytest.raises(AssertionError, match="same number of <eos>"):
+        traced(**kwargs)
