@@ -64,6 +64,7 @@ class ClassInfo:
     name: str
     output: str
     base: str = ""
+    inputs: tuple[InputSpec, ...] = ()  # the inputs it takes in another form than the family's (by name)
 
     @property
     def trains(self) -> bool:
@@ -192,6 +193,12 @@ class FamilyDefinition:
                                                                            for m in entry.modules), root=True))
         return tuple(resolved)
 
+    def class_inputs(self, class_name: str) -> tuple[InputSpec, ...]:
+        """The family's inputs, each replaced by the class's own of that name, then the class's others."""
+        own = {spec.name: spec for spec in self.classes[class_name].inputs}
+        family = tuple(own.pop(spec.name, spec) for spec in self.inputs)
+        return family + tuple(own.values())
+
     def layer_lists(self, class_name: str) -> tuple[str, ...]:
         """The module lists whose items count as layers (optimum-graphcore's ``layers_per_ipu``, uniform splits)."""
         return tuple(entry.layers for entry in self.entries(class_name) if entry.layers is not None)
@@ -247,7 +254,9 @@ def _classes(document: DefinitionDocument) -> dict[str, ClassInfo]:
     if document.model.default_class not in described:
         raise OptionError("model.default_class", f"{document.model.default_class!r} is not one of the recipe's "
                                                  f"classes", sep=" ")
-    return {name: ClassInfo(name, described[name].output, described[name].base) for name in document.classes}
+    return {name: ClassInfo(name, described[name].output, described[name].base,
+                            tuple(_input(key, entry) for key, entry in described[name].inputs.items()))
+            for name in document.classes}
 
 
 def _chain(pipeline: PipelineSection) -> tuple[ChainEntry, ...]:

@@ -174,21 +174,21 @@ class HoistModules(Transform):
         """The reads of this binding when each binding is a module built in its own block (BERT's
         ``loss_fct = MSELoss()`` / ``loss_fct = CrossEntropyLoss()`` in an if/else) and every read
         follows exactly one of them in that binding's block; else None."""
-        lines = [self.index.enclosing(binding, cst.SimpleStatementLine) for binding in bindings]
-        blocks = [None if line is None else self.index.parent(line) for line in lines]
-        if any(line is None or self._assigned_call(line) is None for line in lines) or len(set(map(id, blocks))) != \
-                len(blocks):
+        found_lines = [self.index.enclosing(binding, cst.SimpleStatementLine) for binding in bindings]
+        lines = [line for line in found_lines if line is not None and self._assigned_call(line) is not None]
+        blocks = [self.index.parent(line) for line in lines]
+        if len(lines) != len(found_lines) or len(set(map(id, blocks))) != len(blocks):
             return None
 
         def owners(read: cst.Name) -> list[int]:
             return [i for i, (line, block) in enumerate(zip(lines, blocks, strict=True))
-                    if block in self.index.ancestors(read)
+                    if block is not None and block in list(self.index.ancestors(read))
                     and self.index.statement_position(read) > self.index.statement_position(line)]
-        found = [owners(read) for read in reads]
-        if any(len(owner) != 1 for owner in found):
+        owned = [owners(read) for read in reads]
+        if any(len(owner) != 1 for owner in owned):
             return None
         index = next(i for i, line in enumerate(lines) if line is statement)
-        return [read for read, owner in zip(reads, found, strict=True) if owner == [index]]
+        return [read for read, owner in zip(reads, owned, strict=True) if owner == [index]]
 
     def _assigned_call(self, line: cst.SimpleStatementLine) -> cst.Call | None:
         assign = line.body[0] if len(line.body) == 1 else None

@@ -126,7 +126,7 @@ def test_partition_model_reports_a_misspelled_family_key_in_one_line(monkeypatch
     assert main(["t5", "--version", "4.5.1", "--stages", "2", "--output", str(tmp_path / "plan.json")]) == 2
     err = capsys.readouterr().err
     assert err == ("partition-model: error: recipe t5.toml: unknown key 'model.classes.T5Model.outputs' "
-                   "(known there: base, output)\n")
+                   "(known there: base, inputs, output)\n")
 
 
 def test_input_specs_round_trip_through_a_plan_and_are_checked_there() -> None:
@@ -396,7 +396,8 @@ def test_roles_follow_the_class_and_a_family_without_shared_weights_has_one_form
 DRAFTS = dict(re.findall(r"^### Draft: (\w+)\n\n```toml\n(.*?)^```", (REPO / "docs" / "families.md").read_text(),
                          re.S | re.M))
 TINY = {  # small enough to run the stock forward in a blink
-    "gpt2": dict(n_embd=16, n_layer=2, n_head=2, vocab_size=64, n_positions=32, n_ctx=32),
+    "gpt2": dict(n_embd=16, n_layer=2, n_head=2, vocab_size=64, n_positions=32, n_ctx=32,
+                 pad_token_id=0),  # a pad token: GPT2ForSequenceClassification takes batches
     "bert": dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24, vocab_size=64,
                  max_position_embeddings=32),
     "roberta": dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24, vocab_size=64,
@@ -414,6 +415,11 @@ EXPECTED = {
     "RobertaModel": ["embeddings", "encoder.layer.0", "encoder.layer.1", "pooler"],
     "BartForConditionalGeneration": ["encoder.embed", "model.encoder.layers.0", "model.encoder.layers.1",
                                      "decoder.embed", "model.decoder.layers.0", "model.decoder.layers.1", "lm_head"],
+    "BertForSequenceClassification": ["embeddings", "bert.encoder.layer.0", "bert.encoder.layer.1", "pooler"],
+    "BertForTokenClassification": ["embeddings", "bert.encoder.layer.0", "bert.encoder.layer.1"],
+    "RobertaForSequenceClassification": ["embeddings", "roberta.encoder.layer.0", "roberta.encoder.layer.1"],
+    "RobertaForTokenClassification": ["embeddings", "roberta.encoder.layer.0", "roberta.encoder.layer.1"],
+    "GPT2ForSequenceClassification": ["embed", "transformer.h.0", "transformer.h.1", "final"],
     "BartModel": ["encoder.embed", "encoder.layers.0", "encoder.layers.1", "decoder.embed", "decoder.layers.0",
                   "decoder.layers.1"],
 }
@@ -466,7 +472,7 @@ def test_draft_chains_and_inputs_fit_the_stock_models(name: str) -> None:
         calls: list[int] = []
         hooks = [m.register_forward_pre_hook(lambda module, args, calls=calls: calls.append(id(module)))
                  for m in model.modules()]
-        inputs = make_inputs(accepted(definition.inputs, model.forward), cfg, mb, "cpu")
+        inputs = make_inputs(accepted(definition.class_inputs(class_name), model.forward), cfg, mb, "cpu")
         output = model(**inputs)
         for hook in hooks:
             hook.remove()
