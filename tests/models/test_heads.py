@@ -8,10 +8,15 @@ and a model of another ``num_labels`` is another model (its classifier's shape d
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from support import REPO, SUPPORT, TORCHRUN
 from support.model_checks import Family, assert_equal_gradients, fx_trace, scalar
 from support.model_families import FAMILIES
 
@@ -100,3 +105,18 @@ def test_bart_refuses_rows_with_different_eos_counts_as_stock_does() -> None:
     traced = fx_trace(converted.eval(), inputs(family, "BartForSequenceClassification", SINGLE, False))
     with pytest.raises(AssertionError, match="same number of <eos>"):
         traced(**kwargs)
+
+
+def test_two_gloo_ranks_train_bert_for_sequence_classification_as_one_process(tmp_path: Path) -> None:
+    """pipelining_worker.py (its family bert-seqcls): 3 Adam steps, losses, gradients and weights torch.equal."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    cases = ["2layer-untied-relu:1f1b:2:optimal"]
+    result = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node=2", str(SUPPORT / "pipelining_worker.py"),
+                             "--out", str(tmp_path), "--family", "bert-seqcls", *cases], env=env,
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-4000:]
+    records = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("*.json"))]
+    assert [record["rank"] for record in records] == [0, 1]
+    assert all(record["problems"] == [] for record in records), [r["problems"][:3] for r in records]
+    assert any(name.startswith("classifier.") for name in records[1]["parameters"])  # the head trained, on rank 1
