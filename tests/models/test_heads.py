@@ -120,3 +120,53 @@ def test_two_gloo_ranks_train_bert_for_sequence_classification_as_one_process(tm
     assert [record["rank"] for record in records] == [0, 1]
     assert all(record["problems"] == [] for record in records), [r["problems"][:3] for r in records]
     assert any(name.startswith("classifier.") for name in records[1]["parameters"])  # the head trained, on rank 1
+
+
+def test_bert_for_sequence_classification_on_trained_weights() -> None:
+    """all-MiniLM-L6-v2 (tests/support/real_weights.py) under a new seeded head, on real text: the logits and,
+    in training, the loss and every gradient are stock's."""
+    from support import real_weights
+    family = FAMILIES["bert"]
+    config = real_weights.config()
+    config.num_labels = 3
+    weights = {f"bert.{key}": value for key, value in real_weights.state_dict().items()}
+    models = []
+    for module in (family.stock, family.generated):
+        torch.manual_seed(0)  # the new head
+        model = module.BertForSequenceClassification(config)
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        assert sorted(missing) == ["classifier.bias", "classifier.weight"] and unexpected == []
+        models.append(model)
+    reference, converted = models
+    batch = real_weights.tokenized()
+    reference.eval(), converted.eval()
+    with torch.no_grad():
+        expected = reference(**batch, return_dict=True).logits
+        assert torch.equal(converted(**batch), expected)
+    labels = {**batch, "labels": torch.tensor([0, 0, 2, 1])}
+    reference.train(), converted.train()
+    torch.manual_seed(7)
+    wanted = reference(**labels, return_dict=True).loss
+    wanted.backward()
+    torch.manual_seed(7)
+    got = converted(**labels)
+    got.backward()
+    assert torch.equal(got, wanted)
+    assert assert_equal_gradients(converted, reference) > 90
+
+
+@pytest.mark.parametrize("family_name,class_name", [(f, c) for f, c, problems in HEADS if REGRESSION in problems])
+def test_multi_label_problem_type_is_stock_4_5_1s_single_label_loss(family_name: str, class_name: str) -> None:
+    """4.5.1 has no config.problem_type: stock ignores it and refuses multi-hot labels, and so does ours, with
+    the same error (never a silently different loss)."""
+    family = FAMILIES[family_name]
+    reference, converted = pair(family, class_name, SINGLE)
+    for model in (reference, converted):
+        model.config.problem_type = "multi_label_classification"
+    kwargs = {**inputs(family, class_name, SINGLE, False), "labels": torch.ones(ROWS, 3)}
+    errors = []
+    for model in (reference, converted):
+        with pytest.raises(Exception) as caught:  # noqa: PT011 (whatever stock raises, ours must raise too)
+            model(**kwargs)
+        errors.append((type(caught.value), str(caught.value)))
+    assert errors[0] == errors[1]

@@ -7,14 +7,13 @@ from dataclasses import dataclass
 
 import torch
 
+from families.family import ModelFamily
 from support import t5_models
 from support.bart_models import BART
 from support.bert_models import BERT
 from support.gpt2_models import GPT2
 from support.model_checks import Family, Inputs
 from support.roberta_models import ROBERTA
-
-from families.family import ModelFamily
 
 T5_SOURCE, T5_TARGET = 7, 5
 
