@@ -93,18 +93,22 @@ def test_equal_to_stock_eval_train_stateless_and_traced(family_name: str, class_
         assert assert_equal_gradients(model, reference, renamed) > 10
 
 
-def test_bart_refuses_rows_with_different_eos_counts_as_stock_does() -> None:
+def test_bart_refuses_rows_with_different_or_no_eos_counts_as_stock_does() -> None:
+    """Stock raises ValueError (different counts) or IndexError (none); ours, eager or traced, RuntimeError
+    (torch._assert_async on the CPU) with stock's message."""
     family = FAMILIES["bart"]
-    kwargs = inputs(family, "BartForSequenceClassification", SINGLE, False)
-    kwargs["input_ids"][0, 1] = 2
     reference, converted = pair(family, "BartForSequenceClassification", SINGLE)
-    with pytest.raises(ValueError, match="same number of <eos>"):
-        reference(**kwargs)
-    with pytest.raises(AssertionError, match="same number of <eos>"):
-        converted(**kwargs)
     traced = fx_trace(converted.eval(), inputs(family, "BartForSequenceClassification", SINGLE, False))
-    with pytest.raises(AssertionError, match="same number of <eos>"):
-        traced(**kwargs)
+    different = inputs(family, "BartForSequenceClassification", SINGLE, False)
+    different["input_ids"][0, 1] = 2
+    none = inputs(family, "BartForSequenceClassification", SINGLE, False)
+    none["input_ids"][:, -3] = 5
+    for kwargs, stock_error in ((different, ValueError), (none, IndexError)):
+        with pytest.raises(stock_error):
+            reference(**kwargs)
+        for model in (converted, traced):
+            with pytest.raises(RuntimeError, match="same number of <eos> tokens"):
+                model(**kwargs)
 
 
 def test_two_gloo_ranks_train_bert_for_sequence_classification_as_one_process(tmp_path: Path) -> None:
@@ -170,3 +174,14 @@ def test_multi_label_problem_type_is_stock_4_5_1s_single_label_loss(family_name:
             model(**kwargs)
         errors.append((type(caught.value), str(caught.value)))
     assert errors[0] == errors[1]
+
+
+@pytest.mark.parametrize("family_name,class_name,problem", [(f, c, p[0]) for f, c, p in HEADS],
+                         ids=[c for _, c, _ in HEADS])
+def test_torch_export_with_labels_computes_what_eager_does(family_name: str, class_name: str, problem: str) -> None:
+    family = FAMILIES[family_name]
+    kwargs = inputs(family, class_name, problem, True)
+    converted = pair(family, class_name, problem)[1].eval()
+    exported = torch.export.export(converted, (), kwargs, strict=False)
+    with torch.no_grad():
+        assert torch.equal(exported.module()(**kwargs), converted(**kwargs))
