@@ -98,7 +98,9 @@ class InputSpec:
     ``shape`` entries are ``"batch"``, a sequence-length name or a size.
     ``fill``: ``randint`` draws from ``[low, high)`` (each bound a number or a
     config attribute, e.g. ``"vocab_size"``), ``ones`` and ``zeros`` are
-    constant (attention masks).
+    constant (attention masks).  ``last`` (a number or a config attribute):
+    the value of every sequence's last position (BART's ``</s>``, which its
+    sequence classifier reads).
     """
 
     name: str
@@ -107,11 +109,14 @@ class InputSpec:
     low: int | str = 0
     high: int | str | None = None
     dtype: str = "int64"
+    last: int | str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = {**asdict(self), "shape": list(self.shape)}
         if self.fill != "randint":
             del data["low"], data["high"]
+        if self.last is None:
+            del data["last"]
         return data
 
     @classmethod
@@ -209,7 +214,8 @@ class FamilyDefinition:
 
 
 def _input(name: str, entry: InputEntry) -> InputSpec:
-    return InputSpec(name, entry.shape, entry.fill, 0 if entry.low is None else entry.low, entry.high, entry.dtype)
+    return InputSpec(name, entry.shape, entry.fill, 0 if entry.low is None else entry.low, entry.high, entry.dtype,
+                     entry.last)
 
 
 def parse_definition(data: Mapping[str, Any], origin: str) -> FamilyDefinition | None:

@@ -63,6 +63,7 @@ class InputEntry:
     low: Bound | None = None
     high: Bound | None = None
     dtype: Literal["int64", "float32"] = "int64"
+    last: Bound | None = None  # every sequence's last value (BART's </s>)
 
     def __post_init__(self) -> None:
         given = [key for key in ("low", "high") if getattr(self, key) is not None]

@@ -396,8 +396,7 @@ def test_roles_follow_the_class_and_a_family_without_shared_weights_has_one_form
 DRAFTS = dict(re.findall(r"^### Draft: (\w+)\n\n```toml\n(.*?)^```", (REPO / "docs" / "families.md").read_text(),
                          re.S | re.M))
 TINY = {  # small enough to run the stock forward in a blink
-    "gpt2": dict(n_embd=16, n_layer=2, n_head=2, vocab_size=64, n_positions=32, n_ctx=32,
-                 pad_token_id=0),  # a pad token: GPT2ForSequenceClassification takes batches
+    "gpt2": dict(n_embd=16, n_layer=2, n_head=2, vocab_size=64, n_positions=32, n_ctx=32),
     "bert": dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24, vocab_size=64,
                  max_position_embeddings=32),
     "roberta": dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24, vocab_size=64,

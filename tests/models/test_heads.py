@@ -185,3 +185,25 @@ def test_torch_export_with_labels_computes_what_eager_does(family_name: str, cla
     exported = torch.export.export(converted, (), kwargs, strict=False)
     with torch.no_grad():
         assert torch.equal(exported.module()(**kwargs), converted(**kwargs))
+
+
+@pytest.mark.parametrize(("family_name", "class_name", "length"),
+                         [("bert", "BertForSequenceClassification", "sequence"),
+                          ("bart", "BartForSequenceClassification", "source")])
+def test_partition_model_plans_a_head_on_its_own_inputs(family_name: str, class_name: str, length: str,
+                                                        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its labels are one class index per sequence, BART's source ends with </s> ([model.classes.X.inputs])."""
+    from families.models import MicroBatch
+    from partitioning.cli import main
+
+    family = FAMILIES[family_name].model_family
+    plan = tmp_path / "plan.json"
+    assert main([family_name, "--version", "4.5.1", "--class", class_name, "--shape", "tiny", "--stages", "2",
+                 "--batch", "2", f"--{length}-len", "8", "--output", str(plan)]) == 0
+    record = json.loads(plan.read_text())["model"]
+    specs = {spec["name"]: spec for spec in record["inputs"]}
+    assert specs["labels"]["shape"] == ["batch"] and specs["labels"]["high"] == "num_labels"
+    if family_name == "bart":
+        assert specs["input_ids"]["last"] == "eos_token_id"
+        values = family.inputs(class_name, family.config("tiny"), MicroBatch(2, {"source": 8, "target": 8}), "cpu")
+        assert values["input_ids"][:, -1].tolist() == [2, 2]
