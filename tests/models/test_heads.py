@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from support import REPO, SUPPORT, TORCHRUN
+from support import REPO, SUPPORT, TORCHRUN, real_weights
 from support.model_checks import Family, assert_equal_gradients, fx_trace, scalar
 from support.model_families import FAMILIES
 
@@ -129,7 +129,6 @@ def test_two_gloo_ranks_train_bert_for_sequence_classification_as_one_process(tm
 def test_bert_for_sequence_classification_on_trained_weights() -> None:
     """all-MiniLM-L6-v2 (tests/support/real_weights.py) under a new seeded head, on real text: the logits and,
     in training, the loss and every gradient are stock's."""
-    from support import real_weights
     family = FAMILIES["bert"]
     config = real_weights.config()
     config.num_labels = 3
