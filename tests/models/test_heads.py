@@ -206,3 +206,21 @@ def test_partition_model_plans_a_head_on_its_own_inputs(family_name: str, class_
         assert specs["input_ids"]["last"] == "eos_token_id"
         values = family.inputs(class_name, family.config("tiny"), MicroBatch(2, {"source": 8, "target": 8}), "cpu")
         assert values["input_ids"][:, -1].tolist() == [2, 2]
+
+
+def test_gpt2_without_a_pad_token_takes_one_row_and_refuses_more_eager_or_traced() -> None:
+    """Stock's assert stays (torch._assert, recorded by fx); one row reads its last token, equal to stock."""
+    family = FAMILIES["gpt2"]
+    reference, converted = pair(family, "GPT2ForSequenceClassification", SINGLE)
+    for model in (reference, converted):
+        model.config.pad_token_id = None
+        model.eval()
+    kwargs = inputs(family, "GPT2ForSequenceClassification", SINGLE, True)
+    one = {key: value[:1] for key, value in kwargs.items()}
+    traced = fx_trace(converted, one)
+    with torch.no_grad():
+        expected = reference(**one, return_dict=True).loss
+        assert torch.equal(converted(**one), expected) and torch.equal(traced(**one), expected)
+        for model in (reference, converted, traced):
+            with pytest.raises(AssertionError, match="no padding token"):
+                model(**kwargs)
