@@ -98,9 +98,7 @@ class InputSpec:
     ``shape`` entries are ``"batch"``, a sequence-length name or a size.
     ``fill``: ``randint`` draws from ``[low, high)`` (each bound a number or a
     config attribute, e.g. ``"vocab_size"``), ``ones`` and ``zeros`` are
-    constant (attention masks).  ``last`` (a number or a config attribute):
-    the value of every sequence's last position (BART's ``</s>``, which its
-    sequence classifier reads).
+    constant (attention masks); ``last``, every sequence's last value (BART's ``</s>``).
     """
 
     name: str
@@ -113,10 +111,8 @@ class InputSpec:
 
     def to_dict(self) -> dict[str, Any]:
         data = {**asdict(self), "shape": list(self.shape)}
-        if self.fill != "randint":
-            del data["low"], data["high"]
-        if self.last is None:
-            del data["last"]
+        for key in (("low", "high") if self.fill != "randint" else ()) + (("last",) if self.last is None else ()):
+            del data[key]
         return data
 
     @classmethod
@@ -201,8 +197,7 @@ class FamilyDefinition:
     def class_inputs(self, class_name: str) -> tuple[InputSpec, ...]:
         """The family's inputs, each replaced by the class's own of that name, then the class's others."""
         own = {spec.name: spec for spec in self.classes[class_name].inputs}
-        family = tuple(own.pop(spec.name, spec) for spec in self.inputs)
-        return family + tuple(own.values())
+        return tuple(own.pop(spec.name, spec) for spec in self.inputs) + tuple(own.values())
 
     def layer_lists(self, class_name: str) -> tuple[str, ...]:
         """The module lists whose items count as layers (optimum-graphcore's ``layers_per_ipu``, uniform splits)."""
