@@ -75,7 +75,8 @@ def spec(recipe: Recipe, version: str, root: Path, compare: bool) -> dict[str, A
         "config": definition.config_path, "shape": definition.verify_shape,
         "config_kwargs": definition.shapes[definition.verify_shape],
         "classes": {name: definition.classes[name].output for name in recipe.classes},
-        "inputs": [{"name": spec.name, **spec.to_dict()} for spec in definition.inputs],
+        "inputs": {name: [{"name": spec.name, **spec.to_dict()} for spec in definition.class_inputs(name)]
+                   for name in recipe.classes},
         # small and distinct: a length mixed up with another one shows
         "lengths": {name: 5 + 2 * index for index, name in enumerate(definition.lengths)},
         "compare": compare,

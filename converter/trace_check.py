@@ -104,7 +104,6 @@ def check(spec: dict[str, Any]) -> tuple[int, str]:
         config = _config(spec["config"], spec["config_kwargs"])
     except Exception as exc:  # the generated package must import; report why it does not
         return 2, f"{generated.name} does not import: {_message(exc)} {_where(exc, generated)}"
-    specs = [InputSpec.from_dict(entry, "the check's spec") for entry in spec["inputs"]]
     micro_batch = MicroBatch(_ROWS, spec["lengths"])
     checked = skipped = 0
     for name, field in spec["classes"].items():
@@ -115,6 +114,7 @@ def check(spec: dict[str, Any]) -> tuple[int, str]:
             model.load_state_dict(reference.state_dict(), strict=True)
         except Exception as exc:
             return 2, f"{name} cannot be built from shape {spec['shape']!r}: {_message(exc)} {_where(exc, generated)}"
+        specs = [InputSpec.from_dict(entry, "the check's spec") for entry in spec["inputs"][name]]
         given = accepted(specs, model.forward)
         values = make_inputs(given, config, micro_batch, "cpu")
         paths = [values] + [{k: v for k, v in values.items() if k != s.name} for s in given[1:]]

@@ -64,6 +64,7 @@ class ClassInfo:
     name: str
     output: str
     base: str = ""
+    inputs: tuple[InputSpec, ...] = ()  # the inputs it takes in another form than the family's (by name)
 
     @property
     def trains(self) -> bool:
@@ -97,7 +98,7 @@ class InputSpec:
     ``shape`` entries are ``"batch"``, a sequence-length name or a size.
     ``fill``: ``randint`` draws from ``[low, high)`` (each bound a number or a
     config attribute, e.g. ``"vocab_size"``), ``ones`` and ``zeros`` are
-    constant (attention masks).
+    constant (attention masks); ``last``, every sequence's last value (BART's ``</s>``).
     """
 
     name: str
@@ -106,11 +107,12 @@ class InputSpec:
     low: int | str = 0
     high: int | str | None = None
     dtype: str = "int64"
+    last: int | str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = {**asdict(self), "shape": list(self.shape)}
-        if self.fill != "randint":
-            del data["low"], data["high"]
+        for key in (("low", "high") if self.fill != "randint" else ()) + (("last",) if self.last is None else ()):
+            del data[key]
         return data
 
     @classmethod
@@ -192,6 +194,11 @@ class FamilyDefinition:
                                                                            for m in entry.modules), root=True))
         return tuple(resolved)
 
+    def class_inputs(self, class_name: str) -> tuple[InputSpec, ...]:
+        """The family's inputs, each replaced by the class's own of that name, then the class's others."""
+        own = {spec.name: spec for spec in self.classes[class_name].inputs}
+        return tuple(own.pop(spec.name, spec) for spec in self.inputs) + tuple(own.values())
+
     def layer_lists(self, class_name: str) -> tuple[str, ...]:
         """The module lists whose items count as layers (optimum-graphcore's ``layers_per_ipu``, uniform splits)."""
         return tuple(entry.layers for entry in self.entries(class_name) if entry.layers is not None)
@@ -202,7 +209,8 @@ class FamilyDefinition:
 
 
 def _input(name: str, entry: InputEntry) -> InputSpec:
-    return InputSpec(name, entry.shape, entry.fill, 0 if entry.low is None else entry.low, entry.high, entry.dtype)
+    return InputSpec(name, entry.shape, entry.fill, 0 if entry.low is None else entry.low, entry.high, entry.dtype,
+                     entry.last)
 
 
 def parse_definition(data: Mapping[str, Any], origin: str) -> FamilyDefinition | None:
@@ -247,7 +255,9 @@ def _classes(document: DefinitionDocument) -> dict[str, ClassInfo]:
     if document.model.default_class not in described:
         raise OptionError("model.default_class", f"{document.model.default_class!r} is not one of the recipe's "
                                                  f"classes", sep=" ")
-    return {name: ClassInfo(name, described[name].output, described[name].base) for name in document.classes}
+    return {name: ClassInfo(name, described[name].output, described[name].base,
+                            tuple(_input(key, entry) for key, entry in described[name].inputs.items()))
+            for name in document.classes}
 
 
 def _chain(pipeline: PipelineSection) -> tuple[ChainEntry, ...]:

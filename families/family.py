@@ -213,7 +213,7 @@ class ModelFamily:
         limits.check(self.definition.limits, config, micro_batch.lengths, where)
 
     def input_specs(self, class_name: str) -> tuple[InputSpec, ...]:
-        return accepted(self.definition.inputs, self.model_class(class_name).forward)
+        return accepted(self.definition.class_inputs(class_name), self.model_class(class_name).forward)
 
     def inputs(self, class_name: str, config: Any, micro_batch: MicroBatch, device: str | torch.device,
                seed: int = 0) -> dict[str, torch.Tensor]:

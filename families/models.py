@@ -123,4 +123,6 @@ def make_inputs(specs: Sequence[InputSpec], config: Any, micro_batch: MicroBatch
             values[spec.name] = torch.randint(low, high, shape, generator=generator, dtype=dtype).to(device)
         else:
             values[spec.name] = (torch.ones if spec.fill == "ones" else torch.zeros)(shape, dtype=dtype, device=device)
+        if spec.last is not None:
+            values[spec.name][..., -1] = _bound(spec.last, config, spec.name)
     return values

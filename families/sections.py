@@ -47,12 +47,6 @@ _BasePath = Annotated[str, Check("a module path such as 'encoder.block'",
 
 
 @dataclass(frozen=True)
-class ClassEntry:
-    output: Name
-    base: _BasePath = ""
-
-
-@dataclass(frozen=True)
 class ModelSection:
     config: Annotated[str, pattern(IDENTIFIER, "a class name")]
     default_class: str
@@ -69,6 +63,7 @@ class InputEntry:
     low: Bound | None = None
     high: Bound | None = None
     dtype: Literal["int64", "float32"] = "int64"
+    last: Bound | None = None  # every sequence's last value (BART's </s>)
 
     def __post_init__(self) -> None:
         given = [key for key in ("low", "high") if getattr(self, key) is not None]
@@ -82,6 +77,14 @@ class InputEntry:
             if isinstance(size, str) and size != BATCH and size not in lengths:
                 raise OptionError(f"shape[{index}]", f"{size!r} is neither 'batch' nor a length of "
                                                      f"[pipeline.lengths] ({', '.join(lengths)})", sep=" ")
+
+
+@dataclass(frozen=True)
+class ClassEntry:
+    output: Name
+    base: _BasePath = ""
+    # Inputs of this class that differ from [pipeline.inputs] (a classifier's labels), by name.
+    inputs: dict[ArgumentName, InputEntry] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,7 @@ class HoistModules(Transform):
         self._uses: dict[int, tuple[str, str]] = {}  # id of a read of a moved local -> (receiver, attribute)
         self._appended: dict[int, tuple[InitSite, list[cst.SimpleStatementLine]]] = {}  # id of a class -> lines
         self._replaced: dict[int, tuple[str, str]] = {}  # id of a constructor called at once -> (receiver, attribute)
+        self._own_reads: dict[int, list[cst.Name]] = {}  # id of one of several bindings -> the reads it reaches
 
     def _names_module_class(self, names: Iterable[str]) -> bool:
         return any(name.startswith(self.options.classes) and not name.startswith(NOT_MODULES)
@@ -158,12 +159,43 @@ class HoistModules(Transform):
         local = assign.targets[0].target
         assert isinstance(local, cst.Name)
         bindings, reads = self.index.local_uses(local)
-        if len(bindings) != 1:
-            return f"`{local.value}` is assigned more than once"
         position = self.index.statement_position(statement)
-        if any(self.index.statement_position(read) <= position for read in reads):
+        if len(bindings) != 1:
+            mine = self._branch_reads(statement, bindings, reads)
+            if mine is None:
+                return f"`{local.value}` is assigned more than once"
+            self._own_reads[id(statement)] = mine
+        elif any(self.index.statement_position(read) <= position for read in reads):
             return f"`{local.value}` is used before it is assigned"
         return self._argument_obstacle(family, assign.value, method, site)
+
+    def _branch_reads(self, statement: cst.SimpleStatementLine, bindings: list[cst.CSTNode],
+                      reads: list[cst.Name]) -> list[cst.Name] | None:
+        """The reads of this binding when each binding is a module built in its own block (BERT's
+        ``loss_fct = MSELoss()`` / ``loss_fct = CrossEntropyLoss()`` in an if/else) and every read
+        follows exactly one of them in that binding's block; else None."""
+        found_lines = [self.index.enclosing(binding, cst.SimpleStatementLine) for binding in bindings]
+        lines = [line for line in found_lines if line is not None and self._assigned_call(line) is not None]
+        blocks = [self.index.parent(line) for line in lines]
+        if len(lines) != len(found_lines) or len(set(map(id, blocks))) != len(blocks):
+            return None
+
+        def owners(read: cst.Name) -> list[int]:
+            return [i for i, (line, block) in enumerate(zip(lines, blocks, strict=True))
+                    if block is not None and block in list(self.index.ancestors(read))
+                    and self.index.statement_position(read) > self.index.statement_position(line)]
+        owned = [owners(read) for read in reads]
+        if any(len(owner) != 1 for owner in owned):
+            return None
+        index = next(i for i, line in enumerate(lines) if line is statement)
+        return [read for read, owner in zip(reads, owned, strict=True) if owner == [index]]
+
+    def _assigned_call(self, line: cst.SimpleStatementLine) -> cst.Call | None:
+        assign = line.body[0] if len(line.body) == 1 else None
+        if isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call) \
+                and self._names_module_class(self.qualified_names(assign.value)):
+            return assign.value
+        return None
 
     def _argument_obstacle(self, family: ClassFamily, call: cst.Call, method: cst.FunctionDef,
                            site: InitSite) -> str | None:
@@ -207,14 +239,19 @@ class HoistModules(Transform):
         assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
         local = assign.targets[0].target
         assert isinstance(local, cst.Name)
-        attribute = family.fresh_attribute(node, local.value, local.value)
+        own_reads = self._own_reads.get(id(statement))
+        # One of several bindings (a loss per branch): the attribute is named after its class.
+        stem = local.value if own_reads is None else \
+            re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_",
+                   code_of(assign.value.func).rpartition(".")[2]).lower()
+        attribute = family.fresh_attribute(node, stem, stem)
         target = cst.Attribute(value=cst.Name(site.receiver), attr=cst.Name(attribute))
         moved = statement.with_changes(
             body=[assign.with_changes(targets=[assign.targets[0].with_changes(target=target)])],
             leading_lines=[line for line in statement.leading_lines if line.comment is not None])
         self._appended.setdefault(id(node), (site, []))[1].append(moved)
         self._removed.add(id(statement))
-        for read in self.index.local_uses(local)[1]:
+        for read in self.index.local_uses(local)[1] if own_reads is None else own_reads:
             self._uses[id(read)] = (site.receiver, attribute)
         if not self._is_stateless(assign.value):
             self.report(statement, f"`{code_of(assign.value.func)}` may hold parameters or buffers: "

@@ -126,7 +126,7 @@ def test_partition_model_reports_a_misspelled_family_key_in_one_line(monkeypatch
     assert main(["t5", "--version", "4.5.1", "--stages", "2", "--output", str(tmp_path / "plan.json")]) == 2
     err = capsys.readouterr().err
     assert err == ("partition-model: error: recipe t5.toml: unknown key 'model.classes.T5Model.outputs' "
-                   "(known there: base, output)\n")
+                   "(known there: base, inputs, output)\n")
 
 
 def test_input_specs_round_trip_through_a_plan_and_are_checked_there() -> None:
@@ -414,6 +414,11 @@ EXPECTED = {
     "RobertaModel": ["embeddings", "encoder.layer.0", "encoder.layer.1", "pooler"],
     "BartForConditionalGeneration": ["encoder.embed", "model.encoder.layers.0", "model.encoder.layers.1",
                                      "decoder.embed", "model.decoder.layers.0", "model.decoder.layers.1", "lm_head"],
+    "BertForSequenceClassification": ["embeddings", "bert.encoder.layer.0", "bert.encoder.layer.1", "pooler"],
+    "BertForTokenClassification": ["embeddings", "bert.encoder.layer.0", "bert.encoder.layer.1"],
+    "RobertaForSequenceClassification": ["embeddings", "roberta.encoder.layer.0", "roberta.encoder.layer.1"],
+    "RobertaForTokenClassification": ["embeddings", "roberta.encoder.layer.0", "roberta.encoder.layer.1"],
+    "GPT2ForSequenceClassification": ["embed", "transformer.h.0", "transformer.h.1", "final"],
     "BartModel": ["encoder.embed", "encoder.layers.0", "encoder.layers.1", "decoder.embed", "decoder.layers.0",
                   "decoder.layers.1"],
 }
@@ -466,7 +471,7 @@ def test_draft_chains_and_inputs_fit_the_stock_models(name: str) -> None:
         calls: list[int] = []
         hooks = [m.register_forward_pre_hook(lambda module, args, calls=calls: calls.append(id(module)))
                  for m in model.modules()]
-        inputs = make_inputs(accepted(definition.inputs, model.forward), cfg, mb, "cpu")
+        inputs = make_inputs(accepted(definition.class_inputs(class_name), model.forward), cfg, mb, "cpu")
         output = model(**inputs)
         for hook in hooks:
             hook.remove()

@@ -42,7 +42,7 @@ def test_an_unverified_release_that_converts_exactly_is_checked_then_written(
     assert main(args(tmp_path, "4.10.3", bert_4_10_3)) == 0
     err = capsys.readouterr().err
     assert (f"transformers 4.10.3 is unverified: checked against its stock code ({bert_4_10_3}): every class "
-            "equal to stock in eval and traces with torch.fx, on every path it keeps (3 classes, 12 paths; stock "
+            "equal to stock in eval and traces with torch.fx, on every path it keeps (5 classes, 20 paths; stock "
             "refuses 0 input combinations)") in err
     assert (tmp_path / "out/bert/v4_10_3/modeling_bert.py").is_file()
 

@@ -7,6 +7,7 @@ from textwrap import dedent
 import libcst as cst
 import pytest
 
+from common.schema import OptionError
 from transforms.analysis.facts import Fact, rewrite_facts
 from transforms.analysis.folding import ExpressionFolder, Known, simplify_condition
 from transforms.analysis.literals import NO_VALUE, is_constant, is_literal, literal_value, truth
@@ -15,6 +16,7 @@ from transforms.analysis.names import bound_names, module_imports, name_targets,
 from transforms.analysis.propagation import FunctionFolder, Unsupported
 from transforms.analysis.purity import is_pure
 from transforms.analysis.syntax import code_of, dotted_name, is_docstring, is_import_line, root_name
+from transforms.library.specialize_options import FactOptions
 
 E = cst.parse_expression
 
@@ -212,6 +214,23 @@ def test_fact_guards(expression: str, value: str, guard: str) -> None:
 def test_a_fact_may_give_its_own_check() -> None:
     fact = Fact(E("self.model_parallel"), E("False"), "why", E("not self.model_parallel"))
     assert code_of(fact.guard()).strip() == "torch._assert(not self.model_parallel, 'why')"
+
+
+def test_a_tensor_check_is_asserted_on_the_device_and_never_rewritten_again() -> None:
+    fact = Fact(E("len(torch.unique(c)) > 1"), E("False"), "why", E("torch.all(c == c[0])"), on_device=True)
+    assert code_of(fact.guard()).strip() == "torch._assert_async(torch.all(c == c[0]), 'why')"
+    function = cst.parse_module("def f(c):\n    if len(torch.unique(c)) > 1:\n        raise ValueError\n").body[0]
+    assert isinstance(function, cst.FunctionDef) and isinstance(function.body, cst.IndentedBlock)
+    once, _ = rewrite_facts([fact], function.body)
+    twice, used = rewrite_facts([fact], once)
+    assert code_of(twice) == code_of(once) and not used
+    assert "torch._assert_async(torch.all(c == c[0]), 'why')" in code_of(once) and "False" in code_of(once)
+
+
+def test_an_option_asks_for_a_device_check_only_with_a_check_of_its_own() -> None:
+    with pytest.raises(OptionError, match="on_device"):
+        FactOptions("x.any()", "False", on_device=True)
+    assert FactOptions("x.any()", "False", check="~x.any()", on_device=True).fact().on_device
 
 
 def test_facts_are_replaced_and_guarded_once_on_unrebound_names() -> None:

@@ -328,3 +328,62 @@ def test_a_module_built_and_called_at_once_becomes_an_attribute_named_after_its_
                 w = self.softmax(w)
                 return self.log_softmax(w) + self.softmax_2(w)
         """, methods=["_attn"])
+
+
+def test_a_loss_built_in_each_branch_gets_an_attribute_per_class() -> None:
+    before = """\
+        from torch import nn
+        from torch.nn import CrossEntropyLoss, MSELoss
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+
+            def forward(self, x, labels):
+                if self.regression:
+                    loss_fct = MSELoss()
+                    loss = loss_fct(x, labels)
+                else:
+                    loss_fct = CrossEntropyLoss()
+                    loss = loss_fct(x, labels)
+                return loss
+        """
+    after = """\
+        from torch import nn
+        from torch.nn import CrossEntropyLoss, MSELoss
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.mse_loss = MSELoss()
+                self.cross_entropy_loss = CrossEntropyLoss()
+
+            def forward(self, x, labels):
+                if self.regression:
+                    loss = self.mse_loss(x, labels)
+                else:
+                    loss = self.cross_entropy_loss(x, labels)
+                return loss
+        """
+    assert_rewrites(HoistModules, before, after)
+    assert_unchanged(HoistModules, after)
+
+
+def test_a_read_reached_by_two_bindings_is_not_hoisted() -> None:
+    code = """\
+        from torch import nn
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+
+            def forward(self, x):
+                if x is None:
+                    loss = nn.MSELoss()
+                else:
+                    loss = nn.L1Loss()
+                return loss(x, x)
+        """
+    result, warnings = convert(code)
+    assert "self." not in result.split("def forward")[1]
+    assert all("assigned more than once" in warning for warning in warnings) and len(warnings) == 2

@@ -46,7 +46,7 @@ class Fact:
     """
 
     def __init__(self, expression: cst.BaseExpression, value: cst.BaseExpression, reason: str,
-                 check: cst.BaseExpression | None = None, *, guarded: bool = True) -> None:
+                 check: cst.BaseExpression | None = None, *, guarded: bool = True, on_device: bool = False) -> None:
         if guarded and not is_constant(value):
             raise ValueError(f"fact {code_of(expression)} = {code_of(value)}: the value is not a literal constant")
         self.expression = expression
@@ -54,6 +54,7 @@ class Fact:
         self.reason = reason
         self.guarded = guarded
         self.check = check  # the guard's condition, when given; else derived from expression and value
+        self.on_device = on_device  # the check is a tensor: torch._assert_async, which no tracer turns into a bool
         self.names = names_read(expression)
 
     def guard(self) -> cst.SimpleStatementLine:
@@ -64,7 +65,10 @@ class Fact:
         trace ``torch.sym_not`` of a plain bool: a false comparison is guarded
         by its inverse, anything else by ``torch.sym_not``.  A recipe's own
         ``check`` replaces the derived condition (``not self.model_parallel``:
-        module state is a plain value under every tracer).
+        module state is a plain value under every tracer).  A check on tensor
+        values (``on_device``) is ``torch._assert_async(<check>, reason)``:
+        torch._assert would ask for its bool, which torch.export refuses on data
+        (eager CPU raises RuntimeError with the reason at once).
         """
         subject = self.expression.deep_clone()
         value = literal_value(self.value)
@@ -82,7 +86,7 @@ class Fact:
             if not isinstance(subject, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
                 subject = subject.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
             check = cst.Comparison(subject, [cst.ComparisonTarget(cst.Equal(), self.value.deep_clone())])
-        call = cst.Call(cst.parse_expression("torch._assert"),
+        call = cst.Call(cst.parse_expression("torch._assert_async" if self.on_device else "torch._assert"),
                         [cst.Arg(check), cst.Arg(cst.SimpleString(repr(self.reason)))])
         return cst.SimpleStatementLine([cst.Expr(call)])
 
@@ -97,7 +101,7 @@ def _invertible(node: cst.BaseExpression) -> bool:
             and type(node.comparisons[0].operator) in _INVERSE)
 
 
-_ASSERT_CALL = cst.parse_expression("torch._assert")
+_ASSERT_CALLS = (cst.parse_expression("torch._assert"), cst.parse_expression("torch._assert_async"))
 
 
 class FactRewriter(cst.CSTTransformer):
@@ -124,7 +128,7 @@ class FactRewriter(cst.CSTTransformer):
         return isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) and id(node) not in self.elifs
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, cst.Call) and node.func.deep_equals(_ASSERT_CALL):
+        if isinstance(node, cst.Call) and any(node.func.deep_equals(call) for call in _ASSERT_CALLS):
             return False
         if isinstance(node, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.Del)):
             self.written.add(id(node.target))

@@ -37,6 +37,8 @@ class FactOptions:
     # The condition the guard asserts, where the default form does not fit every tracer: a plain
     # Python value (module state such as self.model_parallel) is best checked with `not`.
     check: str | None = None
+    # The check is a tensor computed from the data (BART's <eos> counts): asserted with torch._assert_async.
+    on_device: bool = False
 
     def __post_init__(self) -> None:
         _expression("expression", self.expression)
@@ -52,12 +54,14 @@ class FactOptions:
             raise OptionError("reason", f"an unguarded fact ({self.expression}) needs the reason it holds")
         if not self.guard and self.check is not None:
             raise OptionError("check", f"an unguarded fact ({self.expression}) has no check")
+        if self.on_device and self.check is None:
+            raise OptionError("on_device", f"is for a recipe's own tensor check ({self.expression} has none)", sep=" ")
 
     def fact(self) -> Fact:
         reason = self.reason if self.reason is not None else f"assumed {self.expression} == {self.value}"
         check = cst.parse_expression(self.check) if self.check is not None else None
         return Fact(cst.parse_expression(self.expression), cst.parse_expression(self.value), reason, check,
-                    guarded=self.guard)
+                    guarded=self.guard, on_device=self.on_device)
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,13 @@
 # sha256: 8eaafac9437f92e43f7b6064646dce83fae96edd6b6722322c32acc24a0a8df5
 # transforms: absolute_imports, remove_classes, specialize_arguments, single_output, shared_weight, dropout_module, hoist_modules, shift_right, out_of_place, fp16_clamp, finfo_values, layer_drop, torch_assert, none_checks
 # specialized arguments: head_mask=None, decoder_head_mask=None, encoder_head_mask=None, layer_head_mask=None, encoder_layer_head_mask=None, encoder_outputs=None, past_key_value=None, past_key_values=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
-# assumed, checked by torch._assert: getattr(self.config, "gradient_checkpointing", False) -> False; input_shape[-1] > 1 -> True
+# assumed, checked by torch._assert: getattr(self.config, "gradient_checkpointing", False) -> False; len(torch.unique(eos_mask.sum(1))) > 1 -> False; input_shape[-1] > 1 -> True
+# specialized: hidden_states[eos_mask, :].view(hidden_states.size(0), -1, hidden_states.size(-1))[:, -1, :] -> hidden_states[torch.arange(hidden_states.size(0), device=hidden_states.device), (eos_mask * torch.arange(eos_mask.size(1), device=eos_mask.device)).argmax(-1)] (with as many <eos> in every row (at least one, checked above), the last of each row's <eos> hidden states is the one at its largest <eos> position)
 # regenerate: convert-model bart --version 4.5.1
-from .modeling_bart import BartModel, BartForConditionalGeneration
+from .modeling_bart import BartModel, BartForConditionalGeneration, BartForSequenceClassification
 
 __all__ = [
     "BartModel",
     "BartForConditionalGeneration",
+    "BartForSequenceClassification",
 ]

@@ -3,7 +3,8 @@
 # sha256: 8eaafac9437f92e43f7b6064646dce83fae96edd6b6722322c32acc24a0a8df5
 # transforms: absolute_imports, remove_classes, specialize_arguments, single_output, shared_weight, dropout_module, hoist_modules, shift_right, out_of_place, fp16_clamp, finfo_values, layer_drop, torch_assert, none_checks
 # specialized arguments: head_mask=None, decoder_head_mask=None, encoder_head_mask=None, layer_head_mask=None, encoder_layer_head_mask=None, encoder_outputs=None, past_key_value=None, past_key_values=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
-# assumed, checked by torch._assert: getattr(self.config, "gradient_checkpointing", False) -> False; input_shape[-1] > 1 -> True
+# assumed, checked by torch._assert: getattr(self.config, "gradient_checkpointing", False) -> False; len(torch.unique(eos_mask.sum(1))) > 1 -> False; input_shape[-1] > 1 -> True
+# specialized: hidden_states[eos_mask, :].view(hidden_states.size(0), -1, hidden_states.size(-1))[:, -1, :] -> hidden_states[torch.arange(hidden_states.size(0), device=hidden_states.device), (eos_mask * torch.arange(eos_mask.size(1), device=eos_mask.device)).argmax(-1)] (with as many <eos> in every row (at least one, checked above), the last of each row's <eos> hidden states is the one at its largest <eos> position)
 # regenerate: convert-model bart --version 4.5.1
 
 # coding=utf-8
@@ -42,7 +43,9 @@ from transformers.modeling_outputs import (
     BaseModelOutput,
     BaseModelOutputWithPastAndCrossAttentions,
     Seq2SeqLMOutput,
-    Seq2SeqModelOutput)
+    Seq2SeqModelOutput,
+    Seq2SeqSequenceClassifierOutput,
+)
 from transformers.modeling_utils import PreTrainedModel
 from transformers.utils import logging
 from transformers.models.bart.configuration_bart import BartConfig
@@ -393,6 +396,30 @@ class BartDecoderLayer(nn.Module):
         outputs = (hidden_states,)
 
         return outputs
+
+
+class BartClassificationHead(nn.Module):
+    """Head for sentence-level classification tasks."""
+
+    def __init__(
+        self,
+        input_dim: int,
+        inner_dim: int,
+        num_classes: int,
+        pooler_dropout: float,
+    ):
+        super().__init__()
+        self.dense = nn.Linear(input_dim, inner_dim)
+        self.dropout = nn.Dropout(p=pooler_dropout)
+        self.out_proj = nn.Linear(inner_dim, num_classes)
+
+    def forward(self, hidden_states: torch.Tensor):
+        hidden_states = self.dropout(hidden_states)
+        hidden_states = self.dense(hidden_states)
+        hidden_states = torch.tanh(hidden_states)
+        hidden_states = self.dropout(hidden_states)
+        hidden_states = self.out_proj(hidden_states)
+        return hidden_states
 
 
 class BartPretrainedModel(PreTrainedModel):
@@ -1091,6 +1118,100 @@ class BartForConditionalGeneration(BartPretrainedModel):
             weight="shared_embed_weight",
             users=("model.encoder.embed_tokens", "model.decoder.embed_tokens"),
             tied_linear="lm_head" if self.config.tie_word_embeddings else None,
+        )
+
+    def make_stateful(self):
+        """Undo make_stateless(): the stock module layout, sharing the same parameter."""
+        return stateless.make_stateful(self)
+
+    def stateful_state_dict(self):
+        """The state dict with stock HF keys, in either form."""
+        return stateless.stateful_state_dict(self)
+
+
+@add_start_docstrings(
+    """
+    Bart model with a sequence classification/head on top (a linear layer on top of the pooled output) e.g. for GLUE
+    tasks.
+    """,
+    BART_START_DOCSTRING,
+)
+class BartForSequenceClassification(BartPretrainedModel):
+    def __init__(self, config: BartConfig, **kwargs):
+        super().__init__(config, **kwargs)
+        self.model = BartModel(config)
+        self.classification_head = BartClassificationHead(
+            config.d_model,
+            config.d_model,
+            config.num_labels,
+            config.classifier_dropout,
+        )
+        self.model._init_weights(self.classification_head.dense)
+        self.model._init_weights(self.classification_head.out_proj)
+        self.loss_fct = CrossEntropyLoss()
+
+    @add_start_docstrings_to_model_forward(BART_INPUTS_DOCSTRING)
+    @add_code_sample_docstrings(
+        tokenizer_class=_TOKENIZER_FOR_DOC,
+        checkpoint=_CHECKPOINT_FOR_DOC,
+        output_type=Seq2SeqSequenceClassifierOutput,
+        config_class=_CONFIG_FOR_DOC,
+    )
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        decoder_input_ids=None,
+        decoder_attention_mask=None,
+        inputs_embeds=None,
+        decoder_inputs_embeds=None,
+        labels=None,
+    ):
+        r"""
+        labels (:obj:`torch.LongTensor` of shape :obj:`(batch_size,)`, `optional`):
+            Labels for computing the sequence classification/regression loss. Indices should be in :obj:`[0, ...,
+            config.num_labels - 1]`. If :obj:`config.num_labels > 1` a classification loss is computed (Cross-Entropy).
+        """
+
+        if is_None(input_ids) and is_not_None(inputs_embeds):
+            raise NotImplementedError(
+                f"Passing input embeddings is currently not supported for {self.__class__.__name__}"
+            )
+
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            shared_embedding=stateless.shared_weight(self, "model.shared", "shared_embed_weight"),
+        )
+        hidden_states = outputs  # last hidden state
+
+        eos_mask = input_ids.eq(self.config.eos_token_id)
+
+        torch._assert_async(torch.all(eos_mask.sum(1) == eos_mask.sum(1)[0]) & (eos_mask.sum(1)[0] > 0), 'All examples must have the same number of <eos> tokens (at least one).')
+        sentence_representation = hidden_states[torch.arange(hidden_states.size(0), device=hidden_states.device), (eos_mask * torch.arange(eos_mask.size(1), device=eos_mask.device)).argmax(-1)]
+        logits = self.classification_head(sentence_representation)
+
+        loss = None
+        if is_not_None(labels):
+            loss = self.loss_fct(logits.view(-1, self.config.num_labels), labels.view(-1))
+        return loss if is_not_None(labels) else logits
+
+    def make_stateless(self):
+        """Make the shared embedding one top-level parameter, shared_embed_weight, used by stateless layers.
+
+        For pipeline partitioners; a no-op if already stateless. stateful_state_dict() and
+        make_stateful() give the stock layout (HF state-dict keys) back.
+        """
+        return stateless.make_stateless(
+            self,
+            shared="model.shared",
+            weight="shared_embed_weight",
+            users=("model.encoder.embed_tokens", "model.decoder.embed_tokens"),
+            tied_linear=None,
         )
 
     def make_stateful(self):

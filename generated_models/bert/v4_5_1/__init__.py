@@ -7,10 +7,12 @@
 # assumed, checked by torch._assert: attention_mask.dim() -> 2; encoder_attention_mask.dim() -> 2; causal_mask.shape[1] < attention_mask.shape[1] -> False; getattr(self.config, "gradient_checkpointing", False) -> False
 # specialized arguments: encoder_hidden_states=None, encoder_attention_mask=None
 # regenerate: convert-model bert --version 4.5.1
-from .modeling_bert import BertModel, BertForMaskedLM, BertForPreTraining
+from .modeling_bert import BertModel, BertForMaskedLM, BertForPreTraining, BertForSequenceClassification, BertForTokenClassification
 
 __all__ = [
     "BertModel",
     "BertForMaskedLM",
     "BertForPreTraining",
+    "BertForSequenceClassification",
+    "BertForTokenClassification",
 ]

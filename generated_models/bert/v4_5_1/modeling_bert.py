@@ -34,7 +34,7 @@ from typing import Optional, Tuple
 import torch
 import torch.utils.checkpoint
 from torch import Tensor, device, nn
-from torch.nn import CrossEntropyLoss
+from torch.nn import CrossEntropyLoss, MSELoss
 
 from transformers.activations import ACT2FN
 from transformers.file_utils import (
@@ -47,7 +47,10 @@ from transformers.file_utils import (
 from transformers.modeling_outputs import (
     BaseModelOutputWithPastAndCrossAttentions,
     BaseModelOutputWithPoolingAndCrossAttentions,
-    MaskedLMOutput)
+    MaskedLMOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
 from transformers.modeling_utils import (
     PreTrainedModel,
     apply_chunking_to_forward,
@@ -1158,6 +1161,193 @@ class BertForMaskedLM(BertPreTrainedModel):
             weight="shared_embed_weight",
             users=("bert.embeddings.word_embeddings",),
             tied_linear="cls.predictions.decoder" if self.config.tie_word_embeddings else None,
+        )
+
+    def make_stateful(self):
+        """Undo make_stateless(): the stock module layout, sharing the same parameter."""
+        return stateless.make_stateful(self)
+
+    def stateful_state_dict(self):
+        """The state dict with stock HF keys, in either form."""
+        return stateless.stateful_state_dict(self)
+
+
+@add_start_docstrings(
+    """
+    Bert Model transformer with a sequence classification/regression head on top (a linear layer on top of the pooled
+    output) e.g. for GLUE tasks.
+    """,
+    BERT_START_DOCSTRING,
+)
+class BertForSequenceClassification(BertPreTrainedModel):
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+
+        self.bert = BertModel(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+
+        self.init_weights()
+        #  We are doing regression
+        self.mse_loss = MSELoss()
+        self.cross_entropy_loss = CrossEntropyLoss()
+
+    @add_start_docstrings_to_model_forward(BERT_INPUTS_DOCSTRING.format("batch_size, sequence_length"))
+    @add_code_sample_docstrings(
+        tokenizer_class=_TOKENIZER_FOR_DOC,
+        checkpoint=_CHECKPOINT_FOR_DOC,
+        output_type=SequenceClassifierOutput,
+        config_class=_CONFIG_FOR_DOC,
+    )
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+    ):
+        r"""
+        labels (:obj:`torch.LongTensor` of shape :obj:`(batch_size,)`, `optional`):
+            Labels for computing the sequence classification/regression loss. Indices should be in :obj:`[0, ...,
+            config.num_labels - 1]`. If :obj:`config.num_labels == 1` a regression loss is computed (Mean-Square loss),
+            If :obj:`config.num_labels > 1` a classification loss is computed (Cross-Entropy).
+        """
+
+        outputs = self.bert(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            return_tuple=True,
+            shared_embedding=stateless.shared_weight(self, "bert.embeddings.word_embeddings", "shared_embed_weight"),
+        )
+
+        pooled_output = outputs[1]
+
+        pooled_output = self.dropout(pooled_output)
+        logits = self.classifier(pooled_output)
+
+        loss = None
+        if is_not_None(labels):
+            if self.num_labels == 1:
+                loss = self.mse_loss(logits.view(-1), labels.view(-1))
+            else:
+                loss = self.cross_entropy_loss(logits.view(-1, self.num_labels), labels.view(-1))
+
+        return loss if is_not_None(labels) else logits
+
+    def make_stateless(self):
+        """Make the shared embedding one top-level parameter, shared_embed_weight, used by stateless layers.
+
+        For pipeline partitioners; a no-op if already stateless. stateful_state_dict() and
+        make_stateful() give the stock layout (HF state-dict keys) back.
+        """
+        return stateless.make_stateless(
+            self,
+            shared="bert.embeddings.word_embeddings",
+            weight="shared_embed_weight",
+            users=("bert.embeddings.word_embeddings",),
+            tied_linear=None,
+        )
+
+    def make_stateful(self):
+        """Undo make_stateless(): the stock module layout, sharing the same parameter."""
+        return stateless.make_stateful(self)
+
+    def stateful_state_dict(self):
+        """The state dict with stock HF keys, in either form."""
+        return stateless.stateful_state_dict(self)
+
+
+@add_start_docstrings(
+    """
+    Bert Model with a token classification head on top (a linear layer on top of the hidden-states output) e.g. for
+    Named-Entity-Recognition (NER) tasks.
+    """,
+    BERT_START_DOCSTRING,
+)
+class BertForTokenClassification(BertPreTrainedModel):
+
+    _keys_to_ignore_on_load_unexpected = [r"pooler"]
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+
+        self.init_weights()
+        self.loss_fct = CrossEntropyLoss()
+
+    @add_start_docstrings_to_model_forward(BERT_INPUTS_DOCSTRING.format("batch_size, sequence_length"))
+    @add_code_sample_docstrings(
+        tokenizer_class=_TOKENIZER_FOR_DOC,
+        checkpoint=_CHECKPOINT_FOR_DOC,
+        output_type=TokenClassifierOutput,
+        config_class=_CONFIG_FOR_DOC,
+    )
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+    ):
+        r"""
+        labels (:obj:`torch.LongTensor` of shape :obj:`(batch_size, sequence_length)`, `optional`):
+            Labels for computing the token classification loss. Indices should be in ``[0, ..., config.num_labels -
+            1]``.
+        """
+
+        outputs = self.bert(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            shared_embedding=stateless.shared_weight(self, "bert.embeddings.word_embeddings", "shared_embed_weight"),
+        )
+
+        sequence_output = outputs
+
+        sequence_output = self.dropout(sequence_output)
+        logits = self.classifier(sequence_output)
+
+        loss = None
+        if is_not_None(labels):
+            # Only keep active parts of the loss
+            if is_not_None(attention_mask):
+                active_loss = attention_mask.view(-1) == 1
+                active_logits = logits.view(-1, self.num_labels)
+                active_labels = torch.where(
+                    active_loss, labels.view(-1), torch.tensor(self.loss_fct.ignore_index).type_as(labels)
+                )
+                loss = self.loss_fct(active_logits, active_labels)
+            else:
+                loss = self.loss_fct(logits.view(-1, self.num_labels), labels.view(-1))
+
+        return loss if is_not_None(labels) else logits
+
+    def make_stateless(self):
+        """Make the shared embedding one top-level parameter, shared_embed_weight, used by stateless layers.
+
+        For pipeline partitioners; a no-op if already stateless. stateful_state_dict() and
+        make_stateful() give the stock layout (HF state-dict keys) back.
+        """
+        return stateless.make_stateless(
+            self,
+            shared="bert.embeddings.word_embeddings",
+            weight="shared_embed_weight",
+            users=("bert.embeddings.word_embeddings",),
+            tied_linear=None,
         )
 
     def make_stateful(self):

@@ -5,10 +5,12 @@
 # transforms: absolute_imports, remove_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, hoist_modules, size_varargs, buffer_slices, sym_numbers, torch_assert, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, layer_past=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; getattr(self.config, "gradient_checkpointing", False) -> False
+# specialized: range(batch_size) -> torch.arange(batch_size, device=logits.device) (indexing with torch.arange(n) selects the rows range(n) selects)
 # regenerate: convert-model gpt2 --version 4.5.1
-from .modeling_gpt2 import GPT2Model, GPT2LMHeadModel
+from .modeling_gpt2 import GPT2Model, GPT2LMHeadModel, GPT2ForSequenceClassification
 
 __all__ = [
     "GPT2Model",
     "GPT2LMHeadModel",
+    "GPT2ForSequenceClassification",
 ]

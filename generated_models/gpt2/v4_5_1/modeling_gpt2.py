@@ -5,6 +5,7 @@
 # transforms: absolute_imports, remove_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, hoist_modules, size_varargs, buffer_slices, sym_numbers, torch_assert, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, layer_past=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; getattr(self.config, "gradient_checkpointing", False) -> False
+# specialized: range(batch_size) -> torch.arange(batch_size, device=logits.device) (indexing with torch.arange(n) selects the rows range(n) selects)
 # regenerate: convert-model gpt2 --version 4.5.1
 
 # coding=utf-8
@@ -30,7 +31,7 @@ from typing import Tuple
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint
-from torch.nn import CrossEntropyLoss
+from torch.nn import CrossEntropyLoss, MSELoss
 
 from transformers.activations import ACT2FN
 from transformers.file_utils import (
@@ -39,7 +40,9 @@ from transformers.file_utils import (
     add_start_docstrings_to_model_forward)
 from transformers.modeling_outputs import (
     BaseModelOutputWithPastAndCrossAttentions,
-    CausalLMOutputWithCrossAttentions)
+    CausalLMOutputWithCrossAttentions,
+    SequenceClassifierOutputWithPast,
+)
 from transformers.modeling_utils import (
     PreTrainedModel,
     find_pruneable_heads_and_indices,
@@ -870,6 +873,127 @@ class GPT2LMHeadModel(GPT2PreTrainedModel):
             weight="shared_embed_weight",
             users=("transformer.wte",),
             tied_linear="lm_head" if self.config.tie_word_embeddings else None,
+        )
+
+    def make_stateful(self):
+        """Undo make_stateless(): the stock module layout, sharing the same parameter."""
+        return stateless.make_stateful(self)
+
+    def stateful_state_dict(self):
+        """The state dict with stock HF keys, in either form."""
+        return stateless.stateful_state_dict(self)
+
+
+@add_start_docstrings(
+    """
+    The GPT2 Model transformer with a sequence classification head on top (linear layer).
+
+    :class:`~transformers.GPT2ForSequenceClassification` uses the last token in order to do the classification, as
+    other causal models (e.g. GPT-1) do.
+
+    Since it does classification on the last token, it requires to know the position of the last token. If a
+    :obj:`pad_token_id` is defined in the configuration, it finds the last token that is not a padding token in each
+    row. If no :obj:`pad_token_id` is defined, it simply takes the last value in each row of the batch. Since it cannot
+    guess the padding tokens when :obj:`inputs_embeds` are passed instead of :obj:`input_ids`, it does the same (take
+    the last value in each row of the batch).
+    """,
+    GPT2_START_DOCSTRING,
+)
+class GPT2ForSequenceClassification(GPT2PreTrainedModel):
+    _keys_to_ignore_on_load_missing = [r"h\.\d+\.attn\.masked_bias", r"lm_head\.weight"]
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.transformer = GPT2Model(config)
+        self.score = nn.Linear(config.n_embd, self.num_labels, bias=False)
+
+        self.init_weights()
+
+        # Model parallel
+        self.model_parallel = False
+        self.device_map = None
+        #  We are doing regression
+        self.mse_loss = MSELoss()
+        self.cross_entropy_loss = CrossEntropyLoss()
+
+    @add_start_docstrings_to_model_forward(GPT2_INPUTS_DOCSTRING)
+    @add_code_sample_docstrings(
+        tokenizer_class=_TOKENIZER_FOR_DOC,
+        checkpoint="microsoft/dialogrpt",
+        output_type=SequenceClassifierOutputWithPast,
+        config_class=_CONFIG_FOR_DOC,
+    )
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+    ):
+        r"""
+        labels (:obj:`torch.LongTensor` of shape :obj:`(batch_size,)`, `optional`):
+            Labels for computing the sequence classification/regression loss. Indices should be in :obj:`[0, ...,
+            config.num_labels - 1]`. If :obj:`config.num_labels == 1` a regression loss is computed (Mean-Square loss),
+            If :obj:`config.num_labels > 1` a classification loss is computed (Cross-Entropy).
+        """
+
+        transformer_outputs = self.transformer(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            shared_embedding=stateless.shared_weight(self, "transformer.wte", "shared_embed_weight"),
+        )
+        hidden_states = transformer_outputs
+        logits = self.score(hidden_states)
+
+        if is_not_None(input_ids):
+            batch_size, sequence_length = input_ids.shape[:2]
+        else:
+            batch_size, sequence_length = inputs_embeds.shape[:2]
+
+        torch._assert((
+            is_not_None(self.config.pad_token_id) or batch_size == 1
+        ), "Cannot handle batch sizes > 1 if no padding token is defined.")
+        if is_None(self.config.pad_token_id):
+            sequence_lengths = -1
+        else:
+            if is_not_None(input_ids):
+                sequence_lengths = torch.ne(input_ids, self.config.pad_token_id).sum(-1) - 1
+            else:
+                sequence_lengths = -1
+                logger.warning(
+                    f"{self.__class__.__name__} will not detect padding tokens in `inputs_embeds`. Results may be "
+                    f"unexpected if using padding tokens in conjunction with `inputs_embeds.`"
+                )
+
+        pooled_logits = logits[torch.arange(batch_size, device=logits.device), sequence_lengths]
+
+        loss = None
+        if is_not_None(labels):
+            if self.num_labels == 1:
+                loss = self.mse_loss(pooled_logits.view(-1), labels.to(module_dtype(self)).view(-1))
+            else:
+                loss = self.cross_entropy_loss(pooled_logits.view(-1, self.num_labels), labels.view(-1))
+
+        return loss if is_not_None(labels) else pooled_logits
+
+    def make_stateless(self):
+        """Make the shared embedding one top-level parameter, shared_embed_weight, used by stateless layers.
+
+        For pipeline partitioners; a no-op if already stateless. stateful_state_dict() and
+        make_stateful() give the stock layout (HF state-dict keys) back.
+        """
+        return stateless.make_stateless(
+            self,
+            shared="transformer.wte",
+            weight="shared_embed_weight",
+            users=("transformer.wte",),
+            tied_linear=None,
         )
 
     def make_stateful(self):
