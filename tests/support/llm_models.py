@@ -38,6 +38,8 @@ class Family:
         import transformers
 
         self.name, self.v5 = name, int(release.split(".")[0]) >= 5
+        # Before 4.43 rope_scaling is {"type", "factor"} only, linear or dynamic (no llama3 scaling).
+        self.typed_rope = tuple(int(part) for part in release.split(".")[:2]) < (4, 43)
         self.config_class = getattr(transformers, config_class)
         self.stock = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
         package = f"generated_models.{name}.v{release.replace('.', '_')}.modeling_{module}"
@@ -66,6 +68,8 @@ class Family:
             scaling = ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                         "original_max_position_embeddings": 16} if self.name == "llama"
                        else {"rope_type": "linear", "factor": 2.0})
+            if self.typed_rope:
+                scaling = {"type": "linear", "factor": 2.0}
             if self.v5:
                 kwargs["rope_parameters"] = {**scaling, "rope_theta": 10000.0}
             else:
