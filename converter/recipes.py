@@ -89,7 +89,33 @@ class TransformStep:
         for override in self.overrides:
             if version is not None and version in override.versions:
                 values.update(override.values)
-        return parse_options(REGISTRY[self.name].Options, values)
+        return parse_options(REGISTRY[self.name].Options, _ranged_items(values, version))
+
+
+def _ranged_items(values: dict[str, Any], version: str | None, every: bool = False) -> dict[str, Any]:
+    """``values`` with each table of a list option that says ``versions`` kept only for those releases.
+
+    One fact of many can then be limited to the releases whose code it describes (the same expression
+    may mean something else in another release) without an override repeating the whole list.
+    ``every``: keep them all (checking the ranges), as the recipe's load-time check does.
+    """
+    selected = {}
+    for key, value in values.items():
+        if isinstance(value, list) and any(isinstance(item, dict) and "versions" in item for item in value):
+            kept = []
+            for index, item in enumerate(value):
+                if isinstance(item, dict) and "versions" in item:
+                    try:
+                        ranged = _range(item["versions"])
+                    except OptionError as error:
+                        raise error.under(f"{key}[{index}]") from None
+                    if not every and (version is None or version not in ranged):
+                        continue
+                    item = {k: v for k, v in item.items() if k != "versions"}
+                kept.append(item)
+            value = kept
+        selected[key] = value
+    return selected
 
 
 @dataclass(frozen=True)
@@ -150,7 +176,7 @@ def _step(raw: dict[str, Any]) -> TransformStep:
         raise OptionError("name", f"unknown transform {name!r}; known: {', '.join(REGISTRY)}")
     options = {key: value for key, value in raw.items() if key not in _STEP_KEYS}
     schema = REGISTRY[name].Options
-    parse_options(schema, options)
+    parse_options(schema, _ranged_items(options, None, every=True))
     optional = raw.get("optional", False)
     if not isinstance(optional, bool):
         raise OptionError("optional", "expected true or false")
@@ -161,7 +187,7 @@ def _step(raw: dict[str, Any]) -> TransformStep:
         values = {key: value for key, value in override.items() if key != "versions"}
         try:
             versions = _range(override["versions"])
-            parse_options(schema, {**options, **values})
+            parse_options(schema, _ranged_items({**options, **values}, None, every=True))
         except OptionError as error:
             raise error.under(f"overrides[{index}]") from None
         overrides.append(Override(versions, values))

@@ -92,6 +92,24 @@ def create_sliding_window_causal_mask_v4(config: Any, input_embeds: torch.Tensor
                  _window(config, "create_sliding_window_causal_mask"), packed_by_position=False)
 
 
+def prepare_4d_causal_attention_mask(attention_mask: torch.Tensor | None, input_shape: Any, inputs_embeds: torch.Tensor,
+                                     past_key_values_length: int, sliding_window: int | None = None) -> torch.Tensor:
+    """HF 4.40's ``modeling_attn_mask_utils._prepare_4d_causal_attention_mask`` (eager Qwen2, Mistral) without a cache.
+
+    Its window lets a query see ``sliding_window + 1`` keys (``_make_causal_mask``: ``tril(diagonal=-window-1)``
+    masked), one more than the mask functions' ``kv > q - window``; a key is padding unless its mask value is
+    exactly 1 (``_expand_mask`` masks ``1 - mask != 0``).  ``input_shape`` is the embeddings' (batch, q_len).
+    """
+    function = "_prepare_4d_causal_attention_mask"
+    if past_key_values_length != 0:
+        raise ValueError(f"{function}: past_key_values_length {past_key_values_length} is not supported "
+                         "(stateless.causal_masks builds the eager mask of a pipeline without a cache)")
+    _check_padding_mask(function, attention_mask)
+    window = None if sliding_window is None else sliding_window + 1
+    padding = attention_mask == 1 if is_not_None(attention_mask) else None
+    return _mask(inputs_embeds, padding, None, None, window, packed_by_position=False)
+
+
 def _refuse(function: str, past_key_values: Any, or_mask_function: Any, and_mask_function: Any,
             block_sequence_ids: Any, layer_idx: Any, attention_mask: Any) -> None:
     _refuse_cache_arguments(function, past_key_values=past_key_values, or_mask_function=or_mask_function,

@@ -45,7 +45,7 @@ def test_the_committed_releases_are_found() -> None:
     # Before masking_utils (4.53): the models build their own causal mask.
     assert {"llama", "qwen2", "qwen3", "mistral"} <= set(COMMITTED.get("4.51.3", []))
     assert {"llama", "qwen2", "mistral"} <= set(COMMITTED.get("4.46.3", []))  # Qwen3 is 4.51 on
-    assert "llama" in COMMITTED.get("4.40.2", [])
+    assert {"llama", "qwen2", "mistral"} <= set(COMMITTED.get("4.40.2", []))
 
 
 @pytest.mark.parametrize("release", sorted(COMMITTED))
