@@ -135,6 +135,29 @@ def test_steps_apply_to_their_release_range_with_overrides() -> None:
     assert none_checks.options_for("5.1.2").module == "helpers.v51"
 
 
+RANGED_FACTS = HEAD + """
+[[transforms]]
+name = "specialize_arguments"
+constants = { use_cache = "False" }
+[[transforms.facts]]
+expression = "self.a"
+value = "1"
+[[transforms.facts]]
+expression = "self.b > 1"
+value = "False"
+versions = "<4.41"
+"""
+
+
+def test_a_fact_saying_versions_applies_only_to_them() -> None:
+    step = load(RANGED_FACTS).steps_for("4.40.2")[0]
+    assert [f.expression for f in step.options_for("4.40.2").facts] == ["self.a", "self.b > 1"]
+    assert [f.expression for f in step.options_for("4.46.3").facts] == ["self.a"]
+    assert [f.expression for f in step.options_for(None).facts] == ["self.a"]
+    assert "facts[1].versions: '4.41+' is not a release range" in error_of(RANGED_FACTS.replace('"<4.41"', '"4.41+"'))
+    assert "facts[1].versin: unknown key" in error_of(RANGED_FACTS.replace('versions = "<4.41"', 'versin = "<4.41"'))
+
+
 @pytest.mark.parametrize(("text", "expected"), [
     (RANGED.replace('">=4.20,<4.46"', '"4.20+"'), "transform size_varargs: versions: '4.20+' is not a release range"),
     (RANGED.replace('module = "helpers.v5"', 'modul = "helpers.v5"'),
