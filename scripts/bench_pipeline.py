@@ -61,21 +61,22 @@ METHODS = ("ours", "uniform", "parameters")
 
 
 def _lengths(items: list[str]) -> dict[str, int]:
-    lengths = {}
-    for item in items:
-        name, _, value = item.partition("=")
-        if not value.isdigit():
-            raise SystemExit(f"--seq-len takes NAME=N, got {item!r}")
-        lengths[name] = int(value)
-    return lengths
+    bad = [item for item in items if not item.partition("=")[2].isdigit()]
+    if bad:
+        raise SystemExit(f"--seq-len takes NAME=N, got {bad[0]!r}")
+    return {name: int(value) for name, _, value in (item.partition("=") for item in items)}
+
+
+def _model(args: argparse.Namespace) -> tuple[ModelFamily, str, Any, Any]:
+    """The family, its default class, the config of ``--shape`` and the micro-batch the benchmark runs."""
+    family = ModelFamily.load(args.family, args.version)
+    return (family, family.definition.default_class, family.config(args.shape),
+            family.micro_batch(args.batch, _lengths(args.seq_len)))
 
 
 def plans(args: argparse.Namespace, calibration: Calibration) -> dict[str, Plan]:
     """Ours, uniform and parameter-balanced, all costed on the calibrated chain."""
-    family = ModelFamily.load(args.family, args.version)
-    class_name = family.definition.default_class
-    config = family.config(args.shape)
-    micro_batch = family.micro_batch(args.batch, _lengths(args.seq_len))
+    family, class_name, config, micro_batch = _model(args)
     layer_lists = family.layer_lists(class_name)
     settings = calibration.settings(Settings(micro_batches=args.micro_batches, schedule=args.schedule))
     chain = family_chain(family, class_name, config, micro_batch, sublayers=True)
@@ -96,10 +97,7 @@ def plans(args: argparse.Namespace, calibration: Calibration) -> dict[str, Plan]
 
 
 def _calibrate(args: argparse.Namespace) -> Calibration:
-    family = ModelFamily.load(args.family, args.version)
-    class_name = family.definition.default_class
-    config = family.config(args.shape)
-    micro_batch = family.micro_batch(args.batch, _lengths(args.seq_len))
+    family, class_name, config, micro_batch = _model(args)
     if args.device == "cpu":
         torch.set_num_threads(1)  # as each rank runs (and the clock is then the thread's CPU time)
     torch.manual_seed(0)
