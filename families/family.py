@@ -234,3 +234,30 @@ class ModelFamily:
                 "inputs": [spec.to_dict() for spec in self.input_specs(class_name)],
                 "layer_lists": list(self.layer_lists(class_name)),
                 **({"models_dir": str(self.root)} if self.root is not None else {})}
+
+
+def trained_model(described: Mapping[str, Any], models_dir: Path | None = None
+                  ) -> tuple[ModelFamily, str, Any, list[InputSpec], MicroBatch]:
+    """The family, class, config, inputs and micro-batch of a plan's model record, to train it.
+
+    The record is what :meth:`ModelFamily.describe` wrote; one naming other code or another config class, a
+    class that does not train, a missing key, or sizes past the model's limits is refused in one line.
+    """
+    try:
+        family = ModelFamily.of_plan(described, models_dir)  # the code it was planned with, or models_dir's
+        class_name = described["class"]
+        info = family.class_info(class_name)
+        if not info.trains:
+            raise UserError(f"training runs need a plan of a class whose forward returns its loss; {class_name} "
+                            f"returns its {info.output}")
+        if described["config_class"] != family.definition.config_path:
+            raise UserError(f"the plan's config_class is {described['config_class']!r} but the {family.name} recipe "
+                            f"gives {family.definition.config_path!r}: re-plan with partition-model")
+        config = make_config(family.definition.config_path, described["config"])
+        specs = [InputSpec.from_dict(spec) for spec in described["inputs"]]
+        micro_batch = MicroBatch.from_dict(described["micro_batch"])
+        family.check_limits(config, micro_batch, "the plan's model config")
+    except KeyError as exc:
+        raise UserError(f"the plan does not say how to rebuild its model (no {exc}): re-plan with partition-model") \
+            from None
+    return family, class_name, config, specs, micro_batch

@@ -22,9 +22,8 @@ import torch.distributed as dist
 from common.cli import Parser, positive_int, report
 from common.errors import UserError
 from families.definition import InputSpec
-from families.family import ModelFamily
+from families.family import trained_model
 from families.models import MicroBatch, make_inputs
-from families.shapes import make_config
 from partitioning.files import read_plan
 from partitioning.gpu.pipelining import TIED_SUMS, PipelineRun
 from partitioning.plan import Plan
@@ -58,23 +57,7 @@ def rebuild(described: dict) -> tuple[torch.nn.Module, Any, list[InputSpec], Mic
     The plan records the generated package and the config class it was costed with; they must be
     what the family's recipe gives here (a stale plan, or one naming other code, is refused).
     """
-    try:
-        family = ModelFamily.of_plan(described)  # the code it was planned with (its models_dir)
-        class_name = described["class"]
-        if not family.class_info(class_name).trains:
-            raise UserError(f"training runs need a plan of a class whose forward returns its loss; "
-                            f"{class_name} returns its {family.class_info(class_name).output}")
-        for key, expected in (("config_class", family.definition.config_path),):
-            if described[key] != expected:
-                raise UserError(f"the plan's {key} is {described[key]!r} but the {family.name} recipe gives "
-                                f"{expected!r}: re-plan with partition-model")
-        config = make_config(family.definition.config_path, described["config"])
-        specs = [InputSpec.from_dict(spec) for spec in described["inputs"]]
-        micro_batch = MicroBatch.from_dict(described["micro_batch"])
-        family.check_limits(config, micro_batch, "the plan's model config")
-    except KeyError as exc:
-        raise UserError(f"the plan does not say how to rebuild its model (no {exc}): "
-                        f"re-plan with partition-model") from None
+    family, class_name, config, specs, micro_batch = trained_model(described)
     return family.build(class_name, config, "cpu"), config, specs, micro_batch
 
 

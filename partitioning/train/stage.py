@@ -22,9 +22,8 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from common.errors import UserError
 from families.definition import InputSpec
-from families.family import ModelFamily
+from families.family import ModelFamily, trained_model
 from families.models import MicroBatch, make_inputs
-from families.shapes import make_config
 from partitioning.gpu.pipelining import PipelineRun
 from partitioning.plan import Plan
 from partitioning.solve.partition import Settings
@@ -36,25 +35,7 @@ PREFIX = "model."  # the stage modules' names: PipelineRun wraps the model as ``
 
 def plan_model(plan: Plan, models_dir: Path | None = None) -> tuple[ModelFamily, str, Any, list[InputSpec], MicroBatch]:
     """The family, class, config, inputs and micro-batch the plan was made for (a stale plan is refused)."""
-    described = plan.model
-    try:
-        family = ModelFamily.of_plan(described, models_dir)  # the code it was planned with, or models_dir's
-        class_name = described["class"]
-        info = family.class_info(class_name)
-        if not info.trains:
-            raise UserError(f"training needs a plan of a class whose forward returns its loss; {class_name} "
-                            f"returns its {info.output}")
-        for key, expected in (("config_class", family.definition.config_path),):
-            if described[key] != expected:
-                raise UserError(f"the plan's {key} is {described[key]!r} but the {family.name} recipe gives "
-                                f"{expected!r}: re-plan with partition-model")
-        config = make_config(family.definition.config_path, described["config"])
-        specs = [InputSpec.from_dict(spec) for spec in described["inputs"]]
-        micro_batch = MicroBatch.from_dict(described["micro_batch"])
-    except KeyError as exc:
-        raise UserError(f"the plan does not say how to rebuild its model (no {exc}): re-plan with partition-model") \
-            from None
-    return family, class_name, config, specs, micro_batch
+    return trained_model(plan.model, models_dir)
 
 
 def settings_of(plan: Plan, micro_batches: int | None = None) -> tuple[int, str]:
