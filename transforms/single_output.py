@@ -13,13 +13,7 @@ from transforms.analysis.liveness import Liveness
 from transforms.analysis.names import bound_names, names_read
 from transforms.analysis.syntax import all_params, append_item, descendants, dotted_name, indented
 from transforms.library.base import Transform, TransformError
-
-
-def _parsed(key: str, text: str) -> cst.BaseExpression:
-    try:
-        return cst.parse_expression(text)
-    except cst.ParserSyntaxError:
-        raise OptionError(key, f"{text!r} is not an expression") from None
+from transforms.library.specialize_options import expression_option
 
 
 @dataclass(frozen=True)
@@ -30,7 +24,7 @@ class NestedOptions:
     callers: dict[str, str]  # calling class -> the call in its method that asks for it (`self.bert`)
 
     def __post_init__(self) -> None:
-        _parsed("returns", self.returns)
+        expression_option("returns", self.returns)
         if not self.callers:
             raise OptionError("callers", "name at least one calling class")
 
@@ -50,7 +44,7 @@ class SingleOutputOptions:
 
     def __post_init__(self) -> None:
         for name, text in self.returns.items():
-            _parsed(f"returns.{name}", text)
+            expression_option(f"returns.{name}", text)
         for name, spec in self.nested.items():
             if name not in self.returns:
                 raise OptionError(f"nested.{name}", f"{name} has no single value in returns to nest")

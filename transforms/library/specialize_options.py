@@ -21,7 +21,8 @@ def _constant(key: str, text: str) -> cst.BaseExpression:
     return value
 
 
-def _expression(key: str, text: str) -> cst.BaseExpression:
+def expression_option(key: str, text: str) -> cst.BaseExpression:
+    """The expression an option ``key`` holds as text, or an OptionError naming the key."""
     try:
         return cst.parse_expression(text)
     except cst.ParserSyntaxError:
@@ -41,15 +42,15 @@ class FactOptions:
     on_device: bool = False
 
     def __post_init__(self) -> None:
-        _expression("expression", self.expression)
+        expression_option("expression", self.expression)
         # A guard compares with the value, so it must be a literal; an unguarded fact may
         # state any expression the recipe vouches for (its reason says why it is equivalent).
         if self.guard:
             _constant("value", self.value)
         else:
-            _expression("value", self.value)
+            expression_option("value", self.value)
         if self.check is not None:
-            _expression("check", self.check)
+            expression_option("check", self.check)
         if not self.guard and not self.reason:
             raise OptionError("reason", f"an unguarded fact ({self.expression}) needs the reason it holds")
         if not self.guard and self.check is not None:
