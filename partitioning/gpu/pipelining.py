@@ -261,14 +261,17 @@ class PipelineRun:
                 dist.all_reduce(total, group=copies[0].group)
                 if self.replicas > 1:
                     total = total / self.replicas  # as DDP averages the other parameters
-            else:
-                total = ordered_sum(copies, self.micro_batches, self.ranks_of)
+            else:  # the copies' own accumulated gradients are not used: the first receives the sum
+                total = grads[0]
+                ordered_sum(copies, self.micro_batches, self.ranks_of, out=total)
                 # the schedule divided the copy's own gradient by the micro-batch count, DDP the others' by the
                 # replica count: so does the sum
                 count = self.micro_batches * self.replicas if self.schedule.scale_grads else self.replicas
-                total = total / count if count > 1 else total
+                if count > 1:
+                    total.div_(count)
             for grad in grads:
-                grad.copy_(total)
+                if grad is not total:
+                    grad.copy_(total)
 
 
 def model_loss(output: torch.Tensor, placeholder: torch.Tensor) -> torch.Tensor:

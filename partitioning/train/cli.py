@@ -46,6 +46,7 @@ class Request:
     seed: int
     log_every: int
     data_parallel: int = 1
+    tied_sum: str = "ordered"
     nnodes: int = 1
     node_rank: int | None = None
     rdzv_endpoint: str | None = None
@@ -74,6 +75,7 @@ def _nonnegative(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
+    from partitioning.gpu.pipelining import TIED_SUMS
     from partitioning.train.optim import DECAYS
 
     parser = Parser(prog=PROG, description=__doc__.splitlines()[0])
@@ -97,6 +99,11 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-every", type=positive_int, default=1)
     parser.add_argument("--data-parallel", type=positive_int, default=1,
                         help="D replicas of the pipeline (stages x D ranks), gradients averaged (default 1)")
+    parser.add_argument("--tied-sum", choices=TIED_SUMS, default="ordered",
+                        help="a weight several stages hold: 'ordered' sums its gradients in one process's order "
+                             "(bit for bit; keeps each micro-batch's gradient of it until the step ends), "
+                             "'allreduce' adds each holder's accumulated gradient once a step (no extra memory; "
+                             "equal up to float addition order) (default ordered)")
     parser.add_argument("--nnodes", type=positive_int, default=1,
                         help="machines sharing the ranks; without --node-rank: print each machine's command")
     parser.add_argument("--node-rank", type=count, help="this machine's index (with --nnodes, --rdzv-endpoint)")
@@ -175,7 +182,7 @@ def execute(request: Request) -> int:
 def to_argv(request: Request) -> list[str]:
     """The command line that makes ``request`` again (what each rank parses)."""
     argv = []
-    defaults = {"verbose": False, "data_parallel": 1, "nnodes": 1}
+    defaults = {"verbose": False, "data_parallel": 1, "nnodes": 1, "tied_sum": "ordered"}
     for key, value in vars(request).items():
         if value is None or defaults.get(key) == value or value is False:
             continue

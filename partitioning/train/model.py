@@ -12,6 +12,8 @@ objects under other names, which is how each stateless name finds its keys.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -60,6 +62,23 @@ class MetaModel:
         return self.keys[name][0]
 
 
+def release_freed_memory() -> None:
+    """Hand the heap pages freed so far back to the OS (glibc's ``malloc_trim``; elsewhere nothing).
+
+    Some stock initialisers fill a weight on the CPU before registering it
+    (GPT-2's ``Conv1D``: ``torch.empty`` then ``normal_``), so building the
+    model on ``meta`` still touches every such weight once, one at a time.
+    glibc keeps those freed pages in its heap: measured on a 4-stage
+    gpt2-medium, 100 to 760 MB stayed resident per rank, at random, for the
+    whole run.  Trimming returns them before the stage is loaded.
+    """
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
 def build_meta(family: ModelFamily, class_name: str, config: Any) -> MetaModel:
     model_class = family.model_class(class_name)
     try:
@@ -92,6 +111,7 @@ def build_meta(family: ModelFamily, class_name: str, config: Any) -> MetaModel:
         for leaf, buffer in list(module._buffers.items()):
             if buffer is not None and buffer.device.type != "meta":
                 module._buffers[leaf] = buffer.to("meta")
+    release_freed_memory()
     return MetaModel(model, keys, [first_name[i] for i in stock_order], buffers, state_keys,
                      tuple(getattr(model_class, "_keys_to_ignore_on_load_missing", None) or ()),
                      tuple(getattr(model_class, "_keys_to_ignore_on_load_unexpected", None) or ()))
