@@ -12,8 +12,6 @@ objects under other names, which is how each stateless name finds its keys.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +25,7 @@ from common.errors import UserError
 from families.family import ModelFamily
 from families.models import SharedWeight
 from partitioning.train.checkpoint import Checkpoint, describe_shape
+from partitioning.train.memory import release_freed_memory
 
 
 @contextmanager
@@ -60,23 +59,6 @@ class MetaModel:
 
     def stock_name(self, name: str) -> str:
         return self.keys[name][0]
-
-
-def release_freed_memory() -> None:
-    """Hand the heap pages freed so far back to the OS (glibc's ``malloc_trim``; elsewhere nothing).
-
-    Some stock initialisers fill a weight on the CPU before registering it
-    (GPT-2's ``Conv1D``: ``torch.empty`` then ``normal_``), so building the
-    model on ``meta`` still touches every such weight once, one at a time.
-    glibc keeps those freed pages in its heap: measured on a 4-stage
-    gpt2-medium, 100 to 760 MB stayed resident per rank, at random, for the
-    whole run.  Trimming returns them before the stage is loaded.
-    """
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    trim = getattr(libc, "malloc_trim", None)
-    if trim is not None:
-        trim(0)
 
 
 def build_meta(family: ModelFamily, class_name: str, config: Any) -> MetaModel:

@@ -21,6 +21,7 @@ from partitioning.files import read_plan
 from partitioning.gpu.train import device_for_rank
 from partitioning.train.cli import PROG, Request, parse
 from partitioning.train.data import read_dataset
+from partitioning.train.memory import return_large_frees
 from partitioning.train.optim import OptimizerSettings, make_optimizer
 from partitioning.train.save import read_state, restore, save, training_state
 from partitioning.train.stage import StageModel, load_stage
@@ -86,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         request = parse(argv)
     except UserError as exc:
         return report(prog, exc)
+    return_large_frees()  # before any tensor: glibc would keep freed activations resident (see memory.py)
     backend, device = device_for_rank()
     dist.init_process_group(backend)
     try:
