@@ -49,6 +49,7 @@ runs one chunk per rank (V = 1): V > 1 with D > 1 is refused.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 import torch
@@ -61,6 +62,7 @@ from torch.distributed.pipelining._IR import Pipe, annotate_split_points
 
 from common.errors import UserError
 from families.models import SharedWeight
+from partitioning.gpu.autocast import example_without_meta, move, on_meta, to_meta, under_autocast, without_data
 from partitioning.gpu.data_parallel import data_parallel
 from partitioning.gpu.recompute_graph import Recomputation, recompute_policy
 from partitioning.gpu.schedule_stages import (
@@ -131,7 +133,8 @@ class PipelineRun:
 
     def __init__(self, model: nn.Module, plan: Plan, example: dict[str, torch.Tensor], *, micro_batches: int,
                  schedule: str, device: torch.device | None = None, tied_sum: str = "ordered",
-                 materialize: Callable[[nn.Module], None] | None = None, mesh: DeviceMesh | None = None) -> None:
+                 materialize: Callable[[nn.Module], None] | None = None, mesh: DeviceMesh | None = None,
+                 autocast: torch.dtype | None = None) -> None:
         if not dist.is_initialized():
             raise UserError("torch.distributed is not initialized (launch with torchrun)")
         if tied_sum not in TIED_SUMS:
@@ -160,14 +163,21 @@ class PipelineRun:
         wrapped = CarryInputs(model, self.input_names)
         annotate_split_points(wrapped, split_spec(plan, model, _PREFIX))
         self.recomputation = Recomputation()
+        device = device or torch.device("cpu")
+        meta = autocast is not None and on_meta(model)
+        if meta:  # autocast leaves meta tensors alone: trace on data-less ones (partitioning.gpu.autocast)
+            move([model], without_data(device.type))
+            example = example_without_meta(example, device.type)
         # What torch.distributed.pipelining.pipeline() does, with the recompute rewrite before the split.
-        pipe = Pipe.from_tracing(wrapped, tuple(example.values()),
-                                 split_policy=recompute_policy(plan, _PREFIX, self.recomputation))
+        with torch.autocast(device.type, dtype=autocast) if autocast is not None else contextlib.nullcontext():
+            pipe = Pipe.from_tracing(wrapped, tuple(example.values()),
+                                     split_policy=recompute_policy(plan, _PREFIX, self.recomputation))
+        if meta:
+            move([model, *(pipe.get_stage_module(i) for i in range(pipe.num_stages))], to_meta)
         for tag, link in enumerate(self.recomputation.links):
             link.connect(side, self.ranks_of[link.sender], self.ranks_of[link.receiver], tag)
         if pipe.num_stages != chunk_count:
             raise UserError(f"the engine made {pipe.num_stages} stages of a {chunk_count}-stage plan")
-        device = device or torch.device("cpu")
         relay_along_chain(pipe.split_gm)
         sort_stage_inputs(pipe.split_gm)
         holding = holders([pipe.get_stage_module(i) for i in range(chunk_count)])
@@ -179,6 +189,8 @@ class PipelineRun:
             if materialize is not None:
                 materialize(module)
             contiguous_boundaries(module, copy=splits)
+            if autocast is not None:
+                under_autocast(module, device.type, autocast)
         self.chunk_stages = [pipe.build_stage(c, device, self.group) for c in self.chunks]
         for stage in self.chunk_stages:
             no_self_warmup(stage)

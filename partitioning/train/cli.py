@@ -47,6 +47,7 @@ class Request:
     log_every: int
     data_parallel: int = 1
     tied_sum: str = "ordered"
+    dtype: str = "fp32"
     nnodes: int = 1
     node_rank: int | None = None
     rdzv_endpoint: str | None = None
@@ -75,6 +76,7 @@ def _nonnegative(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
+    from partitioning.gpu.autocast import DTYPES
     from partitioning.gpu.pipelining import TIED_SUMS
     from partitioning.train.optim import DECAYS
 
@@ -104,6 +106,9 @@ def parser() -> argparse.ArgumentParser:
                              "(bit for bit; keeps each micro-batch's gradient of it until the step ends), "
                              "'allreduce' adds each holder's accumulated gradient once a step (no extra memory; "
                              "equal up to float addition order) (default ordered)")
+    parser.add_argument("--dtype", choices=DTYPES, default="fp32",
+                        help="bf16: each stage's forward under torch.autocast (bfloat16) on its device, the "
+                             "weights, gradients and AdamW state fp32 (default fp32)")
     parser.add_argument("--nnodes", type=positive_int, default=1,
                         help="machines sharing the ranks; without --node-rank: print each machine's command")
     parser.add_argument("--node-rank", type=count, help="this machine's index (with --nnodes, --rdzv-endpoint)")
@@ -182,7 +187,7 @@ def execute(request: Request) -> int:
 def to_argv(request: Request) -> list[str]:
     """The command line that makes ``request`` again (what each rank parses)."""
     argv = []
-    defaults = {"verbose": False, "data_parallel": 1, "nnodes": 1, "tied_sum": "ordered"}
+    defaults = {"verbose": False, "data_parallel": 1, "nnodes": 1, "tied_sum": "ordered", "dtype": "fp32"}
     for key, value in vars(request).items():
         if value is None or defaults.get(key) == value or value is False:
             continue

@@ -24,6 +24,7 @@ from common.errors import UserError
 from families.definition import InputSpec
 from families.family import ModelFamily, trained_model
 from families.models import MicroBatch, make_inputs
+from partitioning.gpu.autocast import DTYPES
 from partitioning.gpu.pipelining import PipelineRun
 from partitioning.plan import Plan
 from partitioning.solve.partition import Settings
@@ -49,7 +50,7 @@ class StageModel:
 
     def __init__(self, plan: Plan, checkpoint: Checkpoint, *, device: torch.device | None = None,
                  micro_batches: int | None = None, data_parallel: int = 1, models_dir: Path | None = None,
-                 tied_sum: str = "ordered") -> None:
+                 tied_sum: str = "ordered", dtype: str = "fp32") -> None:
         self.family, self.class_name, self.config, self.specs, self.micro_batch = plan_model(plan, models_dir)
         self.version = str(plan.model["version"])
         self.micro_batches, self.schedule = settings_of(plan, micro_batches)
@@ -59,7 +60,7 @@ class StageModel:
         example = {k: v.to("meta") for k, v in make_inputs(self.specs, self.config, self.micro_batch, "cpu").items()}
         self.run = PipelineRun(self.meta.model, plan, example, micro_batches=self.micro_batches,
                                schedule=self.schedule, device=self.device, materialize=self._materialize,
-                               tied_sum=tied_sum,
+                               tied_sum=tied_sum, autocast=DTYPES[dtype],
                                mesh=_mesh(data_parallel, len(plan.stages), self.device))
         self.module: nn.Module = self.run.module
         self.loaded = list(checkpoint.loaded)  # the keys this rank read to build its stage
@@ -139,13 +140,13 @@ def _mesh(replicas: int, stages: int, device: torch.device) -> DeviceMesh | None
 
 def load_stage(plan: Plan, checkpoint: Path, device: torch.device | None = None,
                micro_batches: int | None = None, data_parallel: int = 1, models_dir: Path | None = None,
-               tied_sum: str = "ordered") -> StageModel:
+               tied_sum: str = "ordered", dtype: str = "fp32") -> StageModel:
     """This rank's stage of ``plan`` with its weights from the HF model directory ``checkpoint``.
 
     ``data_parallel`` replicas of the pipeline run on as many times the plan's stages in ranks;
     each replica's stage 0 passes its share of the batch (see :meth:`StageModel.shard`).
     ``tied_sum``: how the copies of a weight several stages hold get their gradient
-    (:class:`partitioning.gpu.pipelining.PipelineRun`).
+    (:class:`partitioning.gpu.pipelining.PipelineRun`); ``dtype="bf16"``: forwards under bf16 autocast.
     """
     return StageModel(plan, Checkpoint(checkpoint), device=device, micro_batches=micro_batches,
-                      data_parallel=data_parallel, models_dir=models_dir, tied_sum=tied_sum)
+                      data_parallel=data_parallel, models_dir=models_dir, tied_sum=tied_sum, dtype=dtype)

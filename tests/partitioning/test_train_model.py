@@ -116,10 +116,11 @@ def launch(ranks: int, cases: dict[str, list[str]], out: Path) -> dict[str, list
 
 
 def reference(family: str, checkpoint: Path, plan: Path, data: Path, steps: int,
-              micro_batches: int = MICRO_BATCHES) -> torch.nn.Module:
+              micro_batches: int = MICRO_BATCHES, bf16: bool = False) -> torch.nn.Module:
     """``steps`` steps in one process: stock model, AdamW, transformers' cosine warm-up, clip_grad_norm_.
 
     A step is ``micro_batches`` micro-batches (all replicas' of a data-parallel run), their gradients averaged.
+    ``bf16``: each forward under CPU bf16 autocast, the backward outside it (fp32 weights and AdamW).
     """
     from partitioning.files import read_plan
 
@@ -133,7 +134,9 @@ def reference(family: str, checkpoint: Path, plan: Path, data: Path, steps: int,
         for step in range(steps):
             batch = dataset.batch(step, size, 0)
             for chunk in range(micro_batches):
-                model(**{k: v.tensor_split(micro_batches)[chunk] for k, v in batch.items()}).loss.backward()
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    loss = model(**{k: v.tensor_split(micro_batches)[chunk] for k, v in batch.items()}).loss
+                loss.backward()
             for p in model.parameters():
                 if p.grad is not None:
                     p.grad.div_(micro_batches)  # the schedule scales the summed gradients so
@@ -159,6 +162,17 @@ def saved_differences(family: str, saved: Path, expected: torch.nn.Module) -> di
             if not torch.equal(got[key], want[key])}
 
 
+def assert_loss_close(family: str, bf16: Path, fp32: Path, plan: Path, data: Path) -> None:
+    """The bf16 run's weights give a loss (fp32, on the first batch) within 1 % of the fp32 run's."""
+    from partitioning.files import read_plan
+
+    _, _, cfg, specs, micro_batch = plan_model(read_plan(plan))
+    batch = read_dataset(data, specs, cfg, micro_batch, PER_MICRO_BATCH).batch(0, PER_MICRO_BATCH, 0)
+    with torch.no_grad():
+        losses = [float(stock_class(family).from_pretrained(path)(**batch).loss) for path in (bf16, fp32)]
+    assert abs(losses[0] - losses[1]) <= 0.01 * abs(losses[1]), losses
+
+
 def assert_stage_only(records: list[dict]) -> None:
     for record in records:
         assert record["others_meta"], record["rank"]  # no other stage's parameter was ever given memory
@@ -177,8 +191,9 @@ def test_train_model_equals_one_process_training(tmp_path: Path, family: str) ->
         cases[schedule] = ["--plan", str(plan), "--checkpoint", str(checkpoint), "--data", str(data), "--steps",
                            str(STEPS), "--save", str(tmp_path / f"{schedule}.out"), *OPTIONS]
         expected[schedule] = (plan, data)
+    if family in ("gpt2", "t5"):  # --dtype bf16: the forwards under bf16 autocast
+        cases["bf16"] = [*cases["gpipe"][:-len(OPTIONS) - 1], str(tmp_path / "bf16.out"), *OPTIONS, "--dtype", "bf16"]
     if family == "gpt2":  # --tied-sum allreduce: the tied wte / lm_head copies add their accumulated gradients
-        plan, data = expected["gpipe"]
         cases["allreduce"] = [*cases["gpipe"][:-len(OPTIONS) - 1], str(tmp_path / "allreduce.out"), *OPTIONS,
                               "--tied-sum", "allreduce"]
     if family == "t5":  # resume: 1..n, save, resume to 2n equals 2n in one go (n = 2)
@@ -193,10 +208,13 @@ def test_train_model_equals_one_process_training(tmp_path: Path, family: str) ->
     for schedule, (plan, data) in expected.items():
         assert_stage_only(records[schedule])
         assert_saved_equals(family, tmp_path / f"{schedule}.out", reference(family, checkpoint, plan, data, STEPS))
+    if family in ("gpt2", "t5"):
+        plan, data = expected["gpipe"]
+        assert_saved_equals(family, tmp_path / "bf16.out", reference(family, checkpoint, plan, data, STEPS, bf16=True))
+        assert_loss_close(family, tmp_path / "bf16.out", tmp_path / "gpipe.out", plan, data)
     if family == "gpt2":
         # One process adds each micro-batch's two uses, then the micro-batches; allreduce adds each copy's
         # micro-batches, then the two copies: equal up to that float summation order, the bound tested.
-        plan, data = expected["gpipe"]
         different = saved_differences(family, tmp_path / "allreduce.out", reference(family, checkpoint, plan, data,
                                                                                     STEPS))
         assert max(different.values(), default=0.0) < TIED_BOUND, different
