@@ -173,6 +173,15 @@ def assert_loss_close(family: str, bf16: Path, fp32: Path, plan: Path, data: Pat
     assert abs(losses[0] - losses[1]) <= 0.01 * abs(losses[1]), losses
 
 
+def assert_bf16_files(saved: Path) -> None:
+    from safetensors import safe_open
+
+    for shard in sorted(saved.glob("*.safetensors")):
+        with safe_open(str(shard), framework="pt") as handle:
+            dtypes = {handle.get_slice(key).get_dtype() for key in handle.keys()}
+            assert {dtype for dtype in dtypes if "F" in dtype} == {"BF16"}, (shard, dtypes)  # masks stay U8
+
+
 def assert_stage_only(records: list[dict]) -> None:
     for record in records:
         assert record["others_meta"], record["rank"]  # no other stage's parameter was ever given memory
@@ -196,6 +205,14 @@ def test_train_model_equals_one_process_training(tmp_path: Path, family: str) ->
     if family == "gpt2":  # --tied-sum allreduce: the tied wte / lm_head copies add their accumulated gradients
         cases["allreduce"] = [*cases["gpipe"][:-len(OPTIONS) - 1], str(tmp_path / "allreduce.out"), *OPTIONS,
                               "--tied-sum", "allreduce"]
+        # a bf16 checkpoint: trained in fp32, saved in bf16; 1..2, save, resume to 4 continues the fp32 weights
+        stock_class(family).from_pretrained(checkpoint).to(torch.bfloat16).save_pretrained(tmp_path / "bf16.in")
+        plan, data = expected["gpipe"]
+        common = ["--plan", str(plan), "--data", str(data), *OPTIONS]
+        cases["bf16-half"] = [*common, "--checkpoint", str(tmp_path / "bf16.in"), "--steps", "2", "--decay-steps",
+                              "4", "--save", str(tmp_path / "bf16.half")]
+        cases["bf16-resumed"] = [*common, "--resume", str(tmp_path / "bf16.half"), "--steps", "4", "--save",
+                                 str(tmp_path / "bf16.resumed")]
     if family == "t5":  # resume: 1..n, save, resume to 2n equals 2n in one go (n = 2)
         plan, data = expected["gpipe"]
         common = ["--plan", str(plan), "--data", str(data), *OPTIONS]
@@ -218,6 +235,9 @@ def test_train_model_equals_one_process_training(tmp_path: Path, family: str) ->
         different = saved_differences(family, tmp_path / "allreduce.out", reference(family, checkpoint, plan, data,
                                                                                     STEPS))
         assert max(different.values(), default=0.0) < TIED_BOUND, different
+        assert_bf16_files(tmp_path / "bf16.resumed")
+        expected_model = reference(family, tmp_path / "bf16.in", plan, data, 4).to(torch.bfloat16)
+        assert_saved_equals(family, tmp_path / "bf16.resumed", expected_model.float())
     if family == "t5":
         whole = stock_class(family).from_pretrained(tmp_path / "whole")
         assert_saved_equals(family, tmp_path / "resumed", whole)
