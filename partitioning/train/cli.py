@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -29,7 +30,7 @@ RANK_MODULE = "partitioning.train.rank"
 class Request:
     plan: Path
     checkpoint: Path | None
-    data: Path
+    data: Path | None
     steps: int
     save: Path | None
     save_every: int | None
@@ -52,6 +53,8 @@ class Request:
     node_rank: int | None = None
     rdzv_endpoint: str | None = None
     models_dir: Path | None = None  # the generated code (default: the directory the plan records)
+    text: Path | None = None  # raw text for a causal LM, with the tokenizer directory
+    tokenizer: Path | None = None
     verbose: bool = False
 
 
@@ -84,7 +87,10 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--plan", type=nonempty_path, required=True, help="plan JSON written by partition-model")
     parser.add_argument("--checkpoint", type=nonempty_path, help="HF model directory to start from")
     parser.add_argument("--resume", type=nonempty_path, help="a directory --save wrote: continue that run")
-    parser.add_argument("--data", type=nonempty_path, required=True, help="JSON Lines, one example per line")
+    parser.add_argument("--data", type=nonempty_path, help="JSON Lines, one example per line")
+    parser.add_argument("--text", type=nonempty_path,
+                        help="instead of --data, for a causal LM: raw text, tokenized and packed into the plan's length")
+    parser.add_argument("--tokenizer", type=nonempty_path, metavar="DIR", help="with --text: DIR/tokenizer.json")
     parser.add_argument("--steps", type=positive_int, required=True, help="train until this step (in all)")
     parser.add_argument("--save", type=nonempty_path, help="write the checkpoint here (a HF model directory)")
     parser.add_argument("--save-every", type=positive_int, help="also save every N steps (default: at the end)")
@@ -130,6 +136,10 @@ def parse(argv: list[str] | None) -> Request:
     args = parser().parse_args(argv)
     if (args.checkpoint is None) == (args.resume is None):
         raise UserError("give --checkpoint DIR (start from a model) or --resume DIR (continue a run), one of them")
+    if (args.data is None) == (args.text is None):
+        raise UserError("give --data FILE (JSON Lines) or --text FILE --tokenizer DIR (raw text), one of them")
+    if (args.text is None) != (args.tokenizer is None):
+        raise UserError("--text FILE and --tokenizer DIR go together")
     if args.save_every is not None and args.save is None:
         raise UserError("--save-every needs --save DIR")
     if args.nnodes == 1 and (args.node_rank is not None or args.rdzv_endpoint is not None):
@@ -140,6 +150,24 @@ def parse(argv: list[str] | None) -> Request:
 
 
 def execute(request: Request) -> int:
+    """Check everything, then start the ranks; ``--text`` is packed into a JSON Lines file for them first."""
+    if request.text is None:
+        return _execute(request, request)
+    from partitioning.files import read_plan
+    from partitioning.train.stage import plan_model
+    from partitioning.train.text import write_examples
+
+    family, class_name, _, _, micro_batch = plan_model(read_plan(request.plan), request.models_dir)
+    causal = family.definition.classes[class_name].causal_lm
+    with tempfile.TemporaryDirectory(prefix="train-model-text.") as scratch:
+        data = Path(scratch) / "text.jsonl"
+        assert request.tokenizer is not None
+        write_examples(request.text, request.tokenizer, causal, dict(micro_batch.lengths), data, class_name)
+        return _execute(replace(request, data=data, text=None, tokenizer=None), request)
+
+
+def _execute(request: Request, shown: Request) -> int:
+    """``shown``: the request as the user gave it (what the printed per-machine commands repeat)."""
     from partitioning.files import read_plan
     from partitioning.gpu.launch import run_ranks, torchrun_command
     from partitioning.train.checkpoint import Checkpoint
@@ -164,6 +192,7 @@ def execute(request: Request) -> int:
                             f"leaves nothing to do")
     source = Checkpoint(request.resume or request.checkpoint)  # type: ignore[arg-type]
     check_checkpoint(build_meta(family, class_name, config), source, family, class_name, config)
+    assert request.data is not None
     read_dataset(request.data, specs, config, micro_batch, micro_batch.batch * micro_batches)
     if request.save is not None:
         check_save_dir(request.save)
@@ -177,6 +206,8 @@ def execute(request: Request) -> int:
         endpoint = request.rdzv_endpoint or "NODE0_HOST:29500"
         for node in range(request.nnodes):  # what each machine runs (the same paths on every machine)
             command = torchrun_command(RANK_MODULE, argv, per_node, request.nnodes, node, endpoint)
+            if shown.text is not None:  # each machine packs the text itself: it runs train-model
+                command = [PROG, *to_argv(replace(shown, node_rank=node, rdzv_endpoint=endpoint))]
             print(" ".join(shlex.quote(part) for part in command))
         return 0
     run_ranks(RANK_MODULE, argv, per_node, PROG, nodes=request.nnodes, node_rank=request.node_rank,

@@ -28,6 +28,8 @@ from partitioning.train.stage import StageModel, load_stage
 
 
 def train(request: Request, device: torch.device) -> StageModel:
+    if request.data is None:  # train-model packs --text into a data file before it starts the ranks
+        raise UserError("a rank reads --data FILE: start runs with train-model")
     plan = read_plan(request.plan)
     stages = len(plan.stages)
     replicas = request.data_parallel
