@@ -44,7 +44,9 @@ that group's), each stage module is wrapped in torch's
 ``DistributedDataParallel`` over its ``dp`` group (the schedule lets it
 reduce in the last backward only), and a tied weight's copies, left out of
 DDP, are summed over every replica's holders at once.  Data parallelism
-runs one chunk per rank (V = 1): V > 1 with D > 1 is refused.
+runs one chunk per rank (V = 1): V > 1 with D > 1 is refused.  ``autocast``
+(a dtype) runs every chunk's forward under ``torch.autocast``, traced under it
+too (:mod:`partitioning.gpu.autocast`).
 """
 
 from __future__ import annotations
