@@ -182,7 +182,7 @@ class PipelineRun:
             raise UserError(f"the engine made {pipe.num_stages} stages of a {chunk_count}-stage plan")
         relay_along_chain(pipe.split_gm)
         sort_stage_inputs(pipe.split_gm)
-        holding = holders([pipe.get_stage_module(i) for i in range(chunk_count)])
+        self.holding = holding = holders([pipe.get_stage_module(i) for i in range(chunk_count)])
         self.chunk_modules = [pipe.get_stage_module(c) for c in self.chunks]
         self.module = self.chunk_modules[0] if virtual == 1 else nn.ModuleList(self.chunk_modules)
         self.others = [pipe.get_stage_module(i) for i in range(chunk_count) if i not in self.chunks]

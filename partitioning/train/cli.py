@@ -1,4 +1,4 @@
-"""``train-model``: train a plan's stages from a stock checkpoint on a JSON Lines data file, one rank per stage.
+"""``train-model``: train a plan's stages from a stock checkpoint on a JSON Lines data file (or raw text).
 
     train-model --plan plan.json --checkpoint my-t5/ --data train.jsonl --steps 1000 --save out/ \\
         --lr 1e-4 --warmup-steps 100 --decay cosine --clip-grad 1.0 --save-every 200
@@ -170,6 +170,7 @@ def _execute(request: Request, shown: Request) -> int:
     """``shown``: the request as the user gave it (what the printed per-machine commands repeat)."""
     from partitioning.files import read_plan
     from partitioning.gpu.launch import run_ranks, torchrun_command
+    from partitioning.gpu.schedule_stages import check_placement
     from partitioning.train.checkpoint import Checkpoint
     from partitioning.train.data import read_dataset
     from partitioning.train.model import build_meta, check_checkpoint
@@ -179,12 +180,12 @@ def _execute(request: Request, shown: Request) -> int:
     plan = read_plan(request.plan)
     family, class_name, config, specs, micro_batch = plan_model(plan, request.models_dir)
     micro_batches, schedule = settings_of(plan, request.micro_batches)
-    stages = len(plan.stages)
-    if len(set(plan.ranks)) != stages:  # the stage model, its checkpoint names and shards are one stage per rank
-        raise UserError(f"train-model runs one stage per rank; {request.plan} puts {stages} stages on "
-                        f"{len(set(plan.ranks))} ranks: re-plan with one stage per rank (--schedule gpipe or 1f1b)")
+    stages = len(set(plan.ranks))  # ranks per pipeline: the plan's stages, or its chunks over the ranks (V > 1)
     if schedule == "1f1b" and micro_batches < stages:
         raise UserError(f"the 1f1b schedule needs micro-batches ({micro_batches}) >= stages ({stages})")
+    if check_placement(plan, schedule, stages, micro_batches) > 1 and request.data_parallel > 1:
+        raise UserError(f"data parallelism runs one stage per rank; {request.plan} puts {len(plan.stages)} stages "
+                        f"on {stages} ranks: re-plan with one stage per rank for --data-parallel")
     if request.resume is not None:
         state = read_state(request.resume, stages)
         if state["step"] >= request.steps:

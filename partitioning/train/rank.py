@@ -31,7 +31,7 @@ def train(request: Request, device: torch.device) -> StageModel:
     if request.data is None:  # train-model packs --text into a data file before it starts the ranks
         raise UserError("a rank reads --data FILE: start runs with train-model")
     plan = read_plan(request.plan)
-    stages = len(plan.stages)
+    stages = len(set(plan.ranks))  # ranks per pipeline (a rank may run several of the plan's stages)
     replicas = request.data_parallel
     state = read_state(request.resume, stages, replicas) if request.resume is not None else None
     stage = load_stage(plan, request.resume or request.checkpoint, device, request.micro_batches,  # type: ignore[arg-type]

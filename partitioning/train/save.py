@@ -36,7 +36,7 @@ from common.files import read_json_object
 from common.versions import Release
 from partitioning.train.checkpoint import BIN, CONFIG, SAFETENSORS, SAFETENSORS_INDEX, Checkpoint
 from partitioning.train.model import source_key
-from partitioning.train.stage import PREFIX, StageModel
+from partitioning.train.stage import StageModel
 
 STATE = "train_state.json"
 GENERATOR = "train-model"
@@ -112,7 +112,7 @@ def _held(model: StageModel, source: Checkpoint) -> dict[str, torch.Tensor]:
     for name, tensor in [*model.module.named_parameters(), *model.module.named_buffers()]:
         if name in model.names and name not in model.owned:
             continue  # a tied copy: its first holder writes it
-        keys = [key for key in model.meta.keys[name.removeprefix(PREFIX)] if key in position]
+        keys = [key for key in model.meta.keys[model.stateless(name)] if key in position]
         if keys:
             held.setdefault(min(keys, key=position.__getitem__), tensor.detach().to(_file_dtype(model, name, source,
                                                                                                 tensor)))
@@ -120,7 +120,7 @@ def _held(model: StageModel, source: Checkpoint) -> dict[str, torch.Tensor]:
 
 
 def _file_dtype(model: StageModel, name: str, source: Checkpoint, tensor: torch.Tensor) -> torch.dtype:
-    key = source_key(model.meta, name.removeprefix(PREFIX), source)
+    key = source_key(model.meta, model.stateless(name), source)
     return source.dtypes.get(key, tensor.dtype) if key is not None else tensor.dtype
 
 

@@ -64,14 +64,24 @@ class StageModel:
                                mesh=_mesh(data_parallel, len(plan.stages), self.device))
         self.module: nn.Module = self.run.module
         self.loaded = list(checkpoint.loaded)  # the keys this rank read to build its stage
-        self.rank, self.stages = self.run.rank, self.run.stages  # the rank is the stage's index
+        self.rank, self.stages = self.run.rank, self.run.stages  # the rank in its pipeline, the ranks per pipeline
         self.group, self.replicas = self.run.group, self.run.replicas
         self.replica = dist.get_rank() // self.stages  # ranks are numbered replica-major
-        # stock name of each parameter this stage holds; tied copies count once, at their first holder
-        self.names = {name: self.meta.stock_name(name.removeprefix(PREFIX))
-                      for name, _ in self.module.named_parameters()}
-        first = {copy.name: copy.stages[0] for copy in self.run.tied}
-        self.owned = {name for name in self.names if first.get(name, self.rank) == self.rank}
+        # stock name of each parameter this rank holds; tied copies count once, at their first holder (chunk)
+        self.names = {name: self.meta.stock_name(self.stateless(name)) for name, _ in self.module.named_parameters()}
+        self.owned = {name for name in self.names
+                      if self._chunk(name) == min(self.run.holding.get(self._in_chunk(name), [self._chunk(name)]))}
+
+    def _in_chunk(self, name: str) -> str:
+        """A name of :attr:`module` as its chunk's module names it (with several chunks they sit under ``<i>.``)."""
+        return name.split(".", 1)[1] if len(self.run.chunks) > 1 else name
+
+    def _chunk(self, name: str) -> int:
+        return self.run.chunks[int(name.split(".", 1)[0])] if len(self.run.chunks) > 1 else self.run.chunks[0]
+
+    def stateless(self, name: str) -> str:
+        """The stateless model's name of a parameter or buffer of :attr:`module` (what ``meta.keys`` maps)."""
+        return self._in_chunk(name).removeprefix(PREFIX)
 
     def _materialize(self, module: nn.Module) -> None:
         """Give the stage its own tensors, from the checkpoint (buffers it lacks: their built values)."""
