@@ -40,13 +40,12 @@ plan and a generated model to it and covers what the engine does not do:
 
 With a device mesh ``(("dp", D), ("pp", K))`` the pipeline runs in each of D
 replicas: stage traffic stays in the replica's ``pp`` group (ranks here are
-that group's), each stage module is wrapped in torch's
-``DistributedDataParallel`` over its ``dp`` group (the schedule lets it
-reduce in the last backward only), and a tied weight's copies, left out of
-DDP, are summed over every replica's holders at once.  Data parallelism
-runs one chunk per rank (V = 1): V > 1 with D > 1 is refused.  ``autocast``
-(a dtype) runs every chunk's forward under ``torch.autocast``, traced under it
-too (:mod:`partitioning.gpu.autocast`).
+that group's), each chunk module is wrapped in torch's ``DistributedDataParallel``
+over its ``dp`` group (the schedule lets it reduce in the last backward only), and a
+tied weight's copies, left out of DDP, are summed over every replica's holders at
+once.  Schedules that split a backward (zero bubble) are refused with D > 1.
+``autocast`` (a dtype): every chunk's forward under ``torch.autocast``, traced under
+it too (:mod:`partitioning.gpu.autocast`).
 """
 
 from __future__ import annotations
@@ -148,8 +147,8 @@ class PipelineRun:
         virtual = check_placement(plan, schedule, world, micro_batches)
         if mesh is not None and mesh.mesh.flatten().tolist() != list(range(dist.get_world_size())):
             raise UserError("the device mesh must number its ranks replica-major (dp, pp)")
-        if self.replicas > 1 and virtual > 1:
-            raise UserError(f"data parallelism runs one stage per rank: the plan puts {virtual} on each")
+        if self.replicas > 1 and splits_backward(schedule, world, virtual, micro_batches):
+            raise UserError(f"data parallelism runs schedules that do not split the backward: {schedule} does")
         if isinstance(model, SharedWeight):
             model.make_stateless()  # one shared Parameter, no module registered under two names
         self.input_names = tuple(example)
@@ -186,7 +185,7 @@ class PipelineRun:
         self.chunk_modules = [pipe.get_stage_module(c) for c in self.chunks]
         self.module = self.chunk_modules[0] if virtual == 1 else nn.ModuleList(self.chunk_modules)
         self.others = [pipe.get_stage_module(i) for i in range(chunk_count) if i not in self.chunks]
-        splits = any(a.kind == "I" for order in orders(schedule, world, virtual, micro_batches) for a in order)
+        splits = splits_backward(schedule, world, virtual, micro_batches)
         for module in self.chunk_modules:
             if materialize is not None:
                 materialize(module)
@@ -213,8 +212,8 @@ class PipelineRun:
         if self.tied and tied_sum == "ordered":
             for chunk, module in zip(self.chunks, self.chunk_modules):
                 module.register_forward_hook(self._watcher([c for c in self.tied if c.chunk == chunk]))
-        if self.dp_group is not None:
-            data_parallel(self.stage, self.module, [copy.name for copy in self.tied], self.dp_group, device)
+        for stage, module in zip(self.chunk_stages, self.chunk_modules) if self.dp_group is not None else ():
+            data_parallel(stage, module, [copy.name for copy in self.tied], self.dp_group, device)  # type: ignore[arg-type]
 
     @staticmethod
     def _watcher(copies: list[TiedCopy]) -> Callable[[nn.Module, object, object], None]:
@@ -286,6 +285,11 @@ class PipelineRun:
             for grad in grads:
                 if grad is not total:
                     grad.copy_(total)
+
+
+def splits_backward(schedule: str, ranks: int, virtual: int, micro_batches: int) -> bool:
+    """The schedule runs a backward as an input-gradient part and a weight-gradient part (zero bubble)."""
+    return any(a.kind == "I" for order in orders(schedule, ranks, virtual, micro_batches) for a in order)
 
 
 def model_loss(output: torch.Tensor, placeholder: torch.Tensor) -> torch.Tensor:

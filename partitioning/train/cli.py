@@ -170,6 +170,7 @@ def _execute(request: Request, shown: Request) -> int:
     """``shown``: the request as the user gave it (what the printed per-machine commands repeat)."""
     from partitioning.files import read_plan
     from partitioning.gpu.launch import run_ranks, torchrun_command
+    from partitioning.gpu.pipelining import splits_backward
     from partitioning.gpu.schedule_stages import check_placement
     from partitioning.train.checkpoint import Checkpoint
     from partitioning.train.data import read_dataset
@@ -183,9 +184,10 @@ def _execute(request: Request, shown: Request) -> int:
     stages = len(set(plan.ranks))  # ranks per pipeline: the plan's stages, or its chunks over the ranks (V > 1)
     if schedule == "1f1b" and micro_batches < stages:
         raise UserError(f"the 1f1b schedule needs micro-batches ({micro_batches}) >= stages ({stages})")
-    if check_placement(plan, schedule, stages, micro_batches) > 1 and request.data_parallel > 1:
-        raise UserError(f"data parallelism runs one stage per rank; {request.plan} puts {len(plan.stages)} stages "
-                        f"on {stages} ranks: re-plan with one stage per rank for --data-parallel")
+    virtual = check_placement(plan, schedule, stages, micro_batches)
+    if request.data_parallel > 1 and splits_backward(schedule, stages, virtual, micro_batches):
+        raise UserError(f"data parallelism runs schedules that do not split the backward: {schedule} does "
+                        f"(re-plan with another schedule for --data-parallel)")
     if request.resume is not None:
         state = read_state(request.resume, stages)
         if state["step"] >= request.steps:

@@ -61,7 +61,7 @@ class StageModel:
         self.run = PipelineRun(self.meta.model, plan, example, micro_batches=self.micro_batches,
                                schedule=self.schedule, device=self.device, materialize=self._materialize,
                                tied_sum=tied_sum, autocast=DTYPES[dtype],
-                               mesh=_mesh(data_parallel, len(plan.stages), self.device))
+                               mesh=_mesh(data_parallel, len(set(plan.ranks)), self.device))
         self.module: nn.Module = self.run.module
         self.loaded = list(checkpoint.loaded)  # the keys this rank read to build its stage
         self.rank, self.stages = self.run.rank, self.run.stages  # the rank in its pipeline, the ranks per pipeline

@@ -4,6 +4,10 @@ GPT-2 (the tied wte / lm_head), 4 chunks: a looped schedule (interleaved1f1b, ch
 and a V-shaped one (zbvzerobubble, [0, 1, 1, 0]: rank 0 holds both the embedding's and the head's chunk, so
 both copies of the tied weight live on one rank).  3 AdamW steps with warm-up, clipping and weight decay, one
 torchrun launch for both; the saved weights are torch.equal to the same steps in one process.
+
+With 2 replicas (4 ranks, interleaved1f1b, a DDP per chunk): equal to one process on the whole batch up to
+the summation order of DDP's all-reduce (one process adds the micro-batches one by one, DDP each replica's
+sum), the bound of tests/partitioning/test_train_dp.py tested.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from support.model_families import FAMILIES
+from test_train_dp import BOUND
 from test_train_model import (
     OPTIONS,
     PER_MICRO_BATCH,
@@ -19,6 +24,7 @@ from test_train_model import (
     launch,
     reference,
     save_checkpoint,
+    saved_differences,
     write_data,
 )
 
@@ -62,3 +68,18 @@ def test_two_chunks_per_rank_equal_one_process(tmp_path: Path) -> None:
         assert {record["rank"] for record in records[schedule]} == {0, 1}
         assert_saved_equals("gpt2", tmp_path / f"{schedule}.out",
                             reference("gpt2", checkpoint, plan, data, STEPS, MICRO_BATCHES))
+
+
+def test_two_replicas_of_two_chunks_per_rank(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "checkpoint"
+    cfg = save_checkpoint("gpt2", checkpoint)
+    plan, data = tmp_path / "plan.json", tmp_path / "data.jsonl"
+    write_chunk_plan(cfg, "interleaved1f1b", plan)
+    write_data(data, plan, count=21)
+    records = launch(4, {"dp": ["--plan", str(plan), "--checkpoint", str(checkpoint), "--data", str(data), "--steps",
+                                str(STEPS), "--save", str(tmp_path / "out"), "--data-parallel", "2", *OPTIONS]},
+                     tmp_path / "records")
+    assert sorted((r["replica"], r["rank"]) for r in records["dp"]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    different = saved_differences("gpt2", tmp_path / "out", reference("gpt2", checkpoint, plan, data, STEPS,
+                                                                      2 * MICRO_BATCHES))
+    assert max(different.values(), default=0.0) < BOUND, different
