@@ -65,6 +65,7 @@ class ClassInfo:
     output: str
     base: str = ""
     inputs: tuple[InputSpec, ...] = ()  # the inputs it takes in another form than the family's (by name)
+    causal_lm: bool = False  # labels = input ids (next-token prediction): raw text can train it
 
     @property
     def trains(self) -> bool:
@@ -256,7 +257,8 @@ def _classes(document: DefinitionDocument) -> dict[str, ClassInfo]:
         raise OptionError("model.default_class", f"{document.model.default_class!r} is not one of the recipe's "
                                                  f"classes", sep=" ")
     return {name: ClassInfo(name, described[name].output, described[name].base,
-                            tuple(_input(key, entry) for key, entry in described[name].inputs.items()))
+                            tuple(_input(key, entry) for key, entry in described[name].inputs.items()),
+                            described[name].causal_lm)
             for name in document.classes}
 
 

@@ -85,6 +85,8 @@ class ClassEntry:
     base: _BasePath = ""
     # Inputs of this class that differ from [pipeline.inputs] (a classifier's labels), by name.
     inputs: dict[ArgumentName, InputEntry] = field(default_factory=dict)
+    # A causal LM: it learns next-token prediction from labels = its input ids (train-model --text packs raw text).
+    causal_lm: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,27 +1,22 @@
 """What the ``train-model`` runtime costs: its throughput against a bare torch pipelining loop, and its memory.
 
-1. **Throughput** (``--stages`` ranks, default 2): ``train-model``'s own loop
-   (:func:`partitioning.train.rank.train`: checkpoint loaded per stage on
-   ``meta``, the ordered tied-weight sum, AdamW and its schedule) against
-   ``torch.distributed.pipelining.pipeline()`` split at the same modules, run by
-   a hand-written loop (``schedule.step``, ``optimizer.step``, ``zero_grad``)
-   with no tied-weight synchronisation.  Same model, data file, schedule and
-   micro-batches; rounds alternate runtime and baseline; each round's first
-   step is warm-up and is left out; the ratio is of the median tokens/s.
-2. **Peak RSS per rank** (``--rss-stages`` ranks, default 4, ``--rss-shape``
-   default gpt2-medium): a few ``train-model`` steps from a random-weight
-   checkpoint this script writes (``model.safetensors``), parameter-balanced
-   stages; each rank reports its peak RSS (``getrusage``), its RSS before any
-   model (python, torch, the project's imports, the process group: torch's
-   baseline), and its stage's parameters and AdamW state (2 x the parameters).
+1. **Throughput** (``--stages`` ranks, default 2): ``train-model``'s own loop (:func:`partitioning.train.rank.train`:
+   checkpoint loaded per stage on ``meta``, the ordered tied-weight sum, AdamW and its schedule) against
+   ``torch.distributed.pipelining.pipeline()`` split at the same modules, run by a hand-written loop
+   (``schedule.step``, ``optimizer.step``, ``zero_grad``) with no tied-weight synchronisation.  Same model, data
+   file, schedule and micro-batches; rounds alternate runtime and baseline; each round's first step is warm-up
+   and is left out; the ratio is of the median tokens/s.
+2. **Peak RSS per rank** (``--rss-stages`` ranks, default 4, ``--rss-shape`` default gpt2-medium), one table
+   per ``--tied-sum``: a few ``train-model`` steps from a random-weight ``model.safetensors`` this script
+   writes, parameter-balanced stages; each rank reports its peak RSS (``getrusage``), its RSS before any
+   model (python, torch, the imports, the process group: torch's baseline), and its stage's parameters.
 
     python scripts/bench_train.py                       # CPU, gloo, both parts
     python scripts/bench_train.py --docs docs           # also write the section of docs/benchmarks.md
     python scripts/bench_train.py --part rss --rss-shape gpt2-large
-    # GPU (one GPU per rank, NCCL: device_for_rank picks cuda when there are as many GPUs as ranks)
-    python scripts/bench_train.py --batch 8 --seq-len 512 --steps 20 --rss-seq-len 512
+    python scripts/bench_train.py --batch 8 --seq-len 512 --steps 20 --rss-seq-len 512  # GPU: one a rank, NCCL
 
-The GPU command has not been run by this project (no GPU was lent to the session that wrote this).
+(NCCL when there are as many GPUs as ranks.)  The GPU command has not been run by this project.
 """
 
 from __future__ import annotations
@@ -162,26 +157,28 @@ def baseline(plan_path: Path, data_path: Path, steps: int, device: torch.device)
 def worker(job_path: str) -> None:
     from partitioning.gpu.train import device_for_rank
     from partitioning.train.cli import parse
+    from partitioning.train.memory import return_large_frees
     from partitioning.train.rank import train
 
     job = json.loads(Path(job_path).read_text())
+    return_large_frees()  # as a train-model rank does
     backend, device = device_for_rank()
     dist.init_process_group(backend)
     before = _peak_mb()
     record: dict[str, Any] = {"rank": dist.get_rank(), "baseline_mb": before}
     try:
         if job["part"] == "rss":
-            stage = train(parse(_argv(job["plan"], job["checkpoint"], job["data"], job["steps"])), device)
+            argv = [*_argv(job["plan"], job["checkpoint"], job["data"], job["steps"]), "--tied-sum", job["tied_sum"]]
+            stage = train(parse(argv), device)
             params = sum(p.numel() * p.element_size() for p in stage.module.parameters())
             record.update(peak_mb=_peak_mb(), param_mb=params / MB, params=sum(p.numel() for p in stage.parameters()))
             if device.type == "cuda":
                 record["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / MB
         else:
-            rates: dict[str, list[float]] = {"train-model": [], "pipelining": []}
+            record["pipelining"] = []
             for _ in range(job["rounds"]):
                 train(parse(_argv(job["plan"], job["checkpoint"], job["data"], job["steps"])), device)
-                rates["pipelining"] += baseline(Path(job["plan"]), Path(job["data"]), job["steps"], device)[1:]
-            record["pipelining"] = rates["pipelining"]
+                record["pipelining"] += baseline(Path(job["plan"]), Path(job["data"]), job["steps"], device)[1:]
     finally:
         dist.destroy_process_group()
     Path(job["out"], f"rank{record['rank']}.json").write_text(json.dumps(record))
@@ -229,22 +226,25 @@ def throughput(args: argparse.Namespace, scratch: Path) -> str:
 def rss(args: argparse.Namespace, scratch: Path) -> str:
     plan, checkpoint, data = write_run(scratch / "rss", args.family, args.rss_shape, args.rss_stages, 1,
                                        args.rss_seq_len, args.rss_stages, 2 * args.rss_stages)
-    job = {"part": "rss", "plan": str(plan), "checkpoint": str(checkpoint), "data": str(data),
-           "steps": args.rss_steps, "out": str(scratch / "rss" / "records")}
-    records, _ = launch(job, args.rss_stages)
-    rows = ["| rank | parameters | weights MB | + AdamW (3x) MB | torch baseline RSS MB | peak RSS MB | "
-            "peak - baseline MB | (peak - baseline) / (weights + AdamW) | peak / (baseline + weights + AdamW) |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for r in records:
-        state = 3 * r["param_mb"]
-        cuda = f" (CUDA peak {r['cuda_peak_mb']:.0f} MB)" if "cuda_peak_mb" in r else ""
-        rows.append(f"| {r['rank']}{cuda} | {r['params'] / 1e6:.1f} M | {r['param_mb']:.0f} | {state:.0f} | "
-                    f"{r['baseline_mb']:.0f} | {r['peak_mb']:.0f} | {r['peak_mb'] - r['baseline_mb']:.0f} | "
-                    f"{(r['peak_mb'] - r['baseline_mb']) / state:.2f} | "
-                    f"{r['peak_mb'] / (r['baseline_mb'] + state):.2f} |")
-    return (f"{args.family} `{args.rss_shape}` from a random-weight `model.safetensors`, {args.rss_stages} stages "
-            f"(parameter-balanced), {args.rss_steps} steps, {args.rss_stages} micro-batches of 1 x "
-            f"{args.rss_seq_len} tokens, no `--save`:\n\n" + "\n".join(rows) + "\n")
+    text = [f"{args.family} `{args.rss_shape}` from a random-weight `model.safetensors`, {args.rss_stages} stages "
+            f"(parameter-balanced), GPipe, {args.rss_steps} steps, {args.rss_stages} micro-batches of 1 x "
+            f"{args.rss_seq_len} tokens, no `--save`; AdamW state is 2 x the weights, the gradients 1 x:\n"]
+    for tied_sum in args.rss_tied_sums:
+        job = {"part": "rss", "plan": str(plan), "checkpoint": str(checkpoint), "data": str(data),
+               "steps": args.rss_steps, "tied_sum": tied_sum, "out": str(scratch / "rss" / f"records-{tied_sum}")}
+        records, _ = launch(job, args.rss_stages)
+        rows = [f"`--tied-sum {tied_sum}`:\n", "| rank | parameters | weights MB | + AdamW (3x) MB | torch baseline "
+                "RSS MB | peak RSS MB | peak - baseline MB | (peak - baseline) / (weights + AdamW) | peak / (baseline "
+                "+ weights + AdamW) |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in records:
+            state = 3 * r["param_mb"]
+            cuda = f" (CUDA peak {r['cuda_peak_mb']:.0f} MB)" if "cuda_peak_mb" in r else ""
+            rows.append(f"| {r['rank']}{cuda} | {r['params'] / 1e6:.1f} M | {r['param_mb']:.0f} | {state:.0f} | "
+                        f"{r['baseline_mb']:.0f} | {r['peak_mb']:.0f} | {r['peak_mb'] - r['baseline_mb']:.0f} | "
+                        f"{(r['peak_mb'] - r['baseline_mb']) / state:.2f} | "
+                        f"{r['peak_mb'] / (r['baseline_mb'] + state):.2f} |")
+        text.append("\n".join(rows) + "\n")
+    return "\n".join(text)
 
 
 def write_docs(docs: Path, text: str) -> None:
@@ -275,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rss-stages", type=int, default=4)
     parser.add_argument("--rss-seq-len", type=int, default=32)
     parser.add_argument("--rss-steps", type=int, default=2)
+    parser.add_argument("--rss-tied-sums", nargs="+", choices=("ordered", "allreduce"),
+                        default=["ordered", "allreduce"], help="one memory table per --tied-sum")
     parser.add_argument("--docs", type=Path, help="write the section into DOCS/benchmarks.md")
     args = parser.parse_args(argv)
     if args.worker:

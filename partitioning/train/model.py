@@ -25,6 +25,7 @@ from common.errors import UserError
 from families.family import ModelFamily
 from families.models import SharedWeight
 from partitioning.train.checkpoint import Checkpoint, describe_shape
+from partitioning.train.memory import release_freed_memory
 
 
 @contextmanager
@@ -92,6 +93,7 @@ def build_meta(family: ModelFamily, class_name: str, config: Any) -> MetaModel:
         for leaf, buffer in list(module._buffers.items()):
             if buffer is not None and buffer.device.type != "meta":
                 module._buffers[leaf] = buffer.to("meta")
+    release_freed_memory()
     return MetaModel(model, keys, [first_name[i] for i in stock_order], buffers, state_keys,
                      tuple(getattr(model_class, "_keys_to_ignore_on_load_missing", None) or ()),
                      tuple(getattr(model_class, "_keys_to_ignore_on_load_unexpected", None) or ()))

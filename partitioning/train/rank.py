@@ -21,18 +21,21 @@ from partitioning.files import read_plan
 from partitioning.gpu.train import device_for_rank
 from partitioning.train.cli import PROG, Request, parse
 from partitioning.train.data import read_dataset
+from partitioning.train.memory import return_large_frees
 from partitioning.train.optim import OptimizerSettings, make_optimizer
 from partitioning.train.save import read_state, restore, save, training_state
 from partitioning.train.stage import StageModel, load_stage
 
 
 def train(request: Request, device: torch.device) -> StageModel:
+    if request.data is None:  # train-model packs --text into a data file before it starts the ranks
+        raise UserError("a rank reads --data FILE: start runs with train-model")
     plan = read_plan(request.plan)
-    stages = len(plan.stages)
+    stages = len(set(plan.ranks))  # ranks per pipeline (a rank may run several of the plan's stages)
     replicas = request.data_parallel
     state = read_state(request.resume, stages, replicas) if request.resume is not None else None
     stage = load_stage(plan, request.resume or request.checkpoint, device, request.micro_batches,  # type: ignore[arg-type]
-                       replicas, request.models_dir)
+                       replicas, request.models_dir, request.tied_sum, request.dtype)
     torch.manual_seed(request.seed + dist.get_rank())  # each rank's own stream (dropout): saved and restored
     size = stage.micro_batch.batch * stage.micro_batches * replicas  # a step's examples, all replicas together
     data = (read_dataset(request.data, stage.specs, stage.config, stage.micro_batch, size)
@@ -86,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         request = parse(argv)
     except UserError as exc:
         return report(prog, exc)
+    return_large_frees()  # before any tensor: glibc would keep freed activations resident (see memory.py)
     backend, device = device_for_rank()
     dist.init_process_group(backend)
     try:

@@ -36,7 +36,7 @@ from common.files import read_json_object
 from common.versions import Release
 from partitioning.train.checkpoint import BIN, CONFIG, SAFETENSORS, SAFETENSORS_INDEX, Checkpoint
 from partitioning.train.model import source_key
-from partitioning.train.stage import PREFIX, StageModel
+from partitioning.train.stage import StageModel
 
 STATE = "train_state.json"
 GENERATOR = "train-model"
@@ -104,17 +104,30 @@ def read_state(directory: Path, stages: int, replicas: int = 1) -> dict[str, Any
     return state
 
 
-def _held(model: StageModel) -> dict[str, torch.Tensor]:
-    """The tensors this stage writes, each under the first of its stock keys in the state dict."""
+def _held(model: StageModel, source: Checkpoint) -> dict[str, torch.Tensor]:
+    """The tensors this stage writes, each under the first of its stock keys in the state dict, in the
+    dtype ``source`` holds it in (a bf16 checkpoint stays bf16; training keeps fp32 weights)."""
     position = {key: index for index, key in enumerate(model.meta.state_keys)}
     held: dict[str, torch.Tensor] = {}
     for name, tensor in [*model.module.named_parameters(), *model.module.named_buffers()]:
         if name in model.names and name not in model.owned:
             continue  # a tied copy: its first holder writes it
-        keys = [key for key in model.meta.keys[name.removeprefix(PREFIX)] if key in position]
+        keys = [key for key in model.meta.keys[model.stateless(name)] if key in position]
         if keys:
-            held.setdefault(min(keys, key=position.__getitem__), tensor.detach())
+            held.setdefault(min(keys, key=position.__getitem__), tensor.detach().to(_file_dtype(model, name, source,
+                                                                                                tensor)))
     return held
+
+
+def _file_dtype(model: StageModel, name: str, source: Checkpoint, tensor: torch.Tensor) -> torch.dtype:
+    key = source_key(model.meta, model.stateless(name), source)
+    return source.dtypes.get(key, tensor.dtype) if key is not None else tensor.dtype
+
+
+def _masters(model: StageModel, source: Checkpoint) -> dict[str, torch.Tensor]:
+    """The weights a save rounds to the checkpoint's dtype, as trained (fp32): what ``--resume`` continues from."""
+    return {model.names[name]: p.detach().clone() for name, p in model.module.named_parameters()
+            if _file_dtype(model, name, source, p) != p.dtype}
 
 
 def _unheld(model: StageModel, written: set[str], source: Checkpoint) -> dict[str, torch.Tensor]:
@@ -146,7 +159,8 @@ def save(model: StageModel, directory: Path, training: dict[str, Any], run_state
     writer = model.replica == 0
     written: dict[str, torch.Tensor] = {}
     if writer:
-        held = _held(model)
+        held = _held(model, source)
+        training = {**training, "masters": _masters(model, source)}
         everyone: list[Any] = [None] * model.stages
         dist.all_gather_object(everyone, sorted(held), group=model.group)
         earlier = {key for part in everyone[:model.rank] for key in part}
@@ -237,6 +251,12 @@ def restore(directory: Path, rank: int, optimizer: torch.optim.Optimizer, schedu
     if state.get("names") != names:
         raise UserError(f"{path} holds the state of other parameters: resume with the plan it was saved with")
     optimizer.load_state_dict(state["optimizer"])
+    masters = state.get("masters") or {}
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    with torch.no_grad():  # the weights as trained, where the checkpoint holds them rounded (bf16, fp16)
+        for name, parameter in zip(names, parameters):
+            if name in masters:
+                parameter.copy_(masters[name])
     scheduler.load_state_dict(state["scheduler"])
     rng = state["rng"] if replica == 0 else _load(directory / replica_file(rank, replica))["rng"]
     torch.set_rng_state(rng["cpu"])

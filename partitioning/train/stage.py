@@ -24,6 +24,7 @@ from common.errors import UserError
 from families.definition import InputSpec
 from families.family import ModelFamily, trained_model
 from families.models import MicroBatch, make_inputs
+from partitioning.gpu.autocast import DTYPES
 from partitioning.gpu.pipelining import PipelineRun
 from partitioning.plan import Plan
 from partitioning.solve.partition import Settings
@@ -48,7 +49,8 @@ class StageModel:
     """One rank's stage: its module (loaded from the checkpoint), the pipeline step, and global-norm clipping."""
 
     def __init__(self, plan: Plan, checkpoint: Checkpoint, *, device: torch.device | None = None,
-                 micro_batches: int | None = None, data_parallel: int = 1, models_dir: Path | None = None) -> None:
+                 micro_batches: int | None = None, data_parallel: int = 1, models_dir: Path | None = None,
+                 tied_sum: str = "ordered", dtype: str = "fp32") -> None:
         self.family, self.class_name, self.config, self.specs, self.micro_batch = plan_model(plan, models_dir)
         self.version = str(plan.model["version"])
         self.micro_batches, self.schedule = settings_of(plan, micro_batches)
@@ -58,17 +60,28 @@ class StageModel:
         example = {k: v.to("meta") for k, v in make_inputs(self.specs, self.config, self.micro_batch, "cpu").items()}
         self.run = PipelineRun(self.meta.model, plan, example, micro_batches=self.micro_batches,
                                schedule=self.schedule, device=self.device, materialize=self._materialize,
-                               mesh=_mesh(data_parallel, len(plan.stages), self.device))
+                               tied_sum=tied_sum, autocast=DTYPES[dtype],
+                               mesh=_mesh(data_parallel, len(set(plan.ranks)), self.device))
         self.module: nn.Module = self.run.module
         self.loaded = list(checkpoint.loaded)  # the keys this rank read to build its stage
-        self.rank, self.stages = self.run.rank, self.run.stages  # the rank is the stage's index
+        self.rank, self.stages = self.run.rank, self.run.stages  # the rank in its pipeline, the ranks per pipeline
         self.group, self.replicas = self.run.group, self.run.replicas
         self.replica = dist.get_rank() // self.stages  # ranks are numbered replica-major
-        # stock name of each parameter this stage holds; tied copies count once, at their first holder
-        self.names = {name: self.meta.stock_name(name.removeprefix(PREFIX))
-                      for name, _ in self.module.named_parameters()}
-        first = {copy.name: copy.stages[0] for copy in self.run.tied}
-        self.owned = {name for name in self.names if first.get(name, self.rank) == self.rank}
+        # stock name of each parameter this rank holds; tied copies count once, at their first holder (chunk)
+        self.names = {name: self.meta.stock_name(self.stateless(name)) for name, _ in self.module.named_parameters()}
+        self.owned = {name for name in self.names
+                      if self._chunk(name) == min(self.run.holding.get(self._in_chunk(name), [self._chunk(name)]))}
+
+    def _in_chunk(self, name: str) -> str:
+        """A name of :attr:`module` as its chunk's module names it (with several chunks they sit under ``<i>.``)."""
+        return name.split(".", 1)[1] if len(self.run.chunks) > 1 else name
+
+    def _chunk(self, name: str) -> int:
+        return self.run.chunks[int(name.split(".", 1)[0])] if len(self.run.chunks) > 1 else self.run.chunks[0]
+
+    def stateless(self, name: str) -> str:
+        """The stateless model's name of a parameter or buffer of :attr:`module` (what ``meta.keys`` maps)."""
+        return self._in_chunk(name).removeprefix(PREFIX)
 
     def _materialize(self, module: nn.Module) -> None:
         """Give the stage its own tensors, from the checkpoint (buffers it lacks: their built values)."""
@@ -136,11 +149,14 @@ def _mesh(replicas: int, stages: int, device: torch.device) -> DeviceMesh | None
 
 
 def load_stage(plan: Plan, checkpoint: Path, device: torch.device | None = None,
-               micro_batches: int | None = None, data_parallel: int = 1, models_dir: Path | None = None) -> StageModel:
+               micro_batches: int | None = None, data_parallel: int = 1, models_dir: Path | None = None,
+               tied_sum: str = "ordered", dtype: str = "fp32") -> StageModel:
     """This rank's stage of ``plan`` with its weights from the HF model directory ``checkpoint``.
 
     ``data_parallel`` replicas of the pipeline run on as many times the plan's stages in ranks;
     each replica's stage 0 passes its share of the batch (see :meth:`StageModel.shard`).
+    ``tied_sum``: how the copies of a weight several stages hold get their gradient
+    (:class:`partitioning.gpu.pipelining.PipelineRun`); ``dtype="bf16"``: forwards under bf16 autocast.
     """
     return StageModel(plan, Checkpoint(checkpoint), device=device, micro_batches=micro_batches,
-                      data_parallel=data_parallel, models_dir=models_dir)
+                      data_parallel=data_parallel, models_dir=models_dir, tied_sum=tied_sum, dtype=dtype)

@@ -126,7 +126,7 @@ def test_partition_model_reports_a_misspelled_family_key_in_one_line(monkeypatch
     assert main(["t5", "--version", "4.5.1", "--stages", "2", "--output", str(tmp_path / "plan.json")]) == 2
     err = capsys.readouterr().err
     assert err == ("partition-model: error: recipe t5.toml: unknown key 'model.classes.T5Model.outputs' "
-                   "(known there: base, inputs, output)\n")
+                   "(known there: base, causal_lm, inputs, output)\n")
 
 
 def test_input_specs_round_trip_through_a_plan_and_are_checked_there() -> None:

@@ -136,11 +136,17 @@ def test_options(setup: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_several_stages_per_rank(setup: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    """A plan of two chunks on one rank (a looped schedule's placement) is refused, data parallel or not."""
+    """Two chunks on one rank: refused where the schedule places them otherwise, and with data parallelism under
+    a schedule that splits the backward (zero bubble)."""
     looped = setup["root"] / "looped.json"
     looped.write_text(json.dumps({**json.loads(setup["plan"].read_text()), "placement": [0, 0]}))
-    for replicas in ("1", "2"):
-        assert "runs one stage per rank" in run(setup, capsys, plan=looped, data_parallel=replicas)
+    assert "the gpipe schedule runs one stage per rank" in run(setup, capsys, plan=looped)
+    zero_bubble = setup["root"] / "zbv.json"
+    plan = json.loads(setup["plan"].read_text())
+    zero_bubble.write_text(json.dumps({**plan, "placement": [0, 0],
+                                       "settings": {**plan["settings"], "schedule": "zbvzerobubble",
+                                                    "virtual_stages": 2}}))
+    assert "zbvzerobubble does" in run(setup, capsys, plan=zero_bubble, data_parallel="2")
 
 
 def test_the_command_trains_and_a_failing_rank_is_one_line(setup: dict[str, Path],

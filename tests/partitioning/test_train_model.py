@@ -40,6 +40,7 @@ CASES: dict[str, tuple[str, list[tuple[str, str]]]] = {
     "roberta": ("1layer-tied", [("1f1b", "roberta.encoder.layer.0"), ("gpipe", "lm_head")]),
     "bart": ("2layer-scaled-3dec", [("gpipe", "decoder.embed"), ("1f1b", "model.decoder.layers.1")]),
 }
+TIED_BOUND = 1e-5  # --tied-sum allreduce, 3 AdamW steps at lr 0.01 (measured: 35 tensors differ, at most 6.0e-8)
 OPTIONS = ["--lr", "0.01", "--weight-decay", "0.01", "--warmup-steps", "2", "--decay", "cosine", "--clip-grad", "0.01"]  # small enough to clip every step
 
 
@@ -115,10 +116,11 @@ def launch(ranks: int, cases: dict[str, list[str]], out: Path) -> dict[str, list
 
 
 def reference(family: str, checkpoint: Path, plan: Path, data: Path, steps: int,
-              micro_batches: int = MICRO_BATCHES) -> torch.nn.Module:
+              micro_batches: int = MICRO_BATCHES, bf16: bool = False) -> torch.nn.Module:
     """``steps`` steps in one process: stock model, AdamW, transformers' cosine warm-up, clip_grad_norm_.
 
     A step is ``micro_batches`` micro-batches (all replicas' of a data-parallel run), their gradients averaged.
+    ``bf16``: each forward under CPU bf16 autocast, the backward outside it (fp32 weights and AdamW).
     """
     from partitioning.files import read_plan
 
@@ -132,7 +134,9 @@ def reference(family: str, checkpoint: Path, plan: Path, data: Path, steps: int,
         for step in range(steps):
             batch = dataset.batch(step, size, 0)
             for chunk in range(micro_batches):
-                model(**{k: v.tensor_split(micro_batches)[chunk] for k, v in batch.items()}).loss.backward()
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    loss = model(**{k: v.tensor_split(micro_batches)[chunk] for k, v in batch.items()}).loss
+                loss.backward()
             for p in model.parameters():
                 if p.grad is not None:
                     p.grad.div_(micro_batches)  # the schedule scales the summed gradients so
@@ -158,6 +162,26 @@ def saved_differences(family: str, saved: Path, expected: torch.nn.Module) -> di
             if not torch.equal(got[key], want[key])}
 
 
+def assert_loss_close(family: str, bf16: Path, fp32: Path, plan: Path, data: Path) -> None:
+    """The bf16 run's weights give a loss (fp32, on the first batch) within 1 % of the fp32 run's."""
+    from partitioning.files import read_plan
+
+    _, _, cfg, specs, micro_batch = plan_model(read_plan(plan))
+    batch = read_dataset(data, specs, cfg, micro_batch, PER_MICRO_BATCH).batch(0, PER_MICRO_BATCH, 0)
+    with torch.no_grad():
+        losses = [float(stock_class(family).from_pretrained(path)(**batch).loss) for path in (bf16, fp32)]
+    assert abs(losses[0] - losses[1]) <= 0.01 * abs(losses[1]), losses
+
+
+def assert_bf16_files(saved: Path) -> None:
+    from safetensors import safe_open
+
+    for shard in sorted(saved.glob("*.safetensors")):
+        with safe_open(str(shard), framework="pt") as handle:
+            dtypes = {handle.get_slice(key).get_dtype() for key in handle.keys()}
+            assert {dtype for dtype in dtypes if "F" in dtype} == {"BF16"}, (shard, dtypes)  # masks stay U8
+
+
 def assert_stage_only(records: list[dict]) -> None:
     for record in records:
         assert record["others_meta"], record["rank"]  # no other stage's parameter was ever given memory
@@ -176,6 +200,19 @@ def test_train_model_equals_one_process_training(tmp_path: Path, family: str) ->
         cases[schedule] = ["--plan", str(plan), "--checkpoint", str(checkpoint), "--data", str(data), "--steps",
                            str(STEPS), "--save", str(tmp_path / f"{schedule}.out"), *OPTIONS]
         expected[schedule] = (plan, data)
+    if family in ("gpt2", "t5"):  # --dtype bf16: the forwards under bf16 autocast
+        cases["bf16"] = [*cases["gpipe"][:-len(OPTIONS) - 1], str(tmp_path / "bf16.out"), *OPTIONS, "--dtype", "bf16"]
+    if family == "gpt2":  # --tied-sum allreduce: the tied wte / lm_head copies add their accumulated gradients
+        cases["allreduce"] = [*cases["gpipe"][:-len(OPTIONS) - 1], str(tmp_path / "allreduce.out"), *OPTIONS,
+                              "--tied-sum", "allreduce"]
+        # a bf16 checkpoint: trained in fp32, saved in bf16; 1..2, save, resume to 4 continues the fp32 weights
+        stock_class(family).from_pretrained(checkpoint).to(torch.bfloat16).save_pretrained(tmp_path / "bf16.in")
+        plan, data = expected["gpipe"]
+        common = ["--plan", str(plan), "--data", str(data), *OPTIONS]
+        cases["bf16-half"] = [*common, "--checkpoint", str(tmp_path / "bf16.in"), "--steps", "2", "--decay-steps",
+                              "4", "--save", str(tmp_path / "bf16.half")]
+        cases["bf16-resumed"] = [*common, "--resume", str(tmp_path / "bf16.half"), "--steps", "4", "--save",
+                                 str(tmp_path / "bf16.resumed")]
     if family == "t5":  # resume: 1..n, save, resume to 2n equals 2n in one go (n = 2)
         plan, data = expected["gpipe"]
         common = ["--plan", str(plan), "--data", str(data), *OPTIONS]
@@ -188,6 +225,19 @@ def test_train_model_equals_one_process_training(tmp_path: Path, family: str) ->
     for schedule, (plan, data) in expected.items():
         assert_stage_only(records[schedule])
         assert_saved_equals(family, tmp_path / f"{schedule}.out", reference(family, checkpoint, plan, data, STEPS))
+    if family in ("gpt2", "t5"):
+        plan, data = expected["gpipe"]
+        assert_saved_equals(family, tmp_path / "bf16.out", reference(family, checkpoint, plan, data, STEPS, bf16=True))
+        assert_loss_close(family, tmp_path / "bf16.out", tmp_path / "gpipe.out", plan, data)
+    if family == "gpt2":
+        # One process adds each micro-batch's two uses, then the micro-batches; allreduce adds each copy's
+        # micro-batches, then the two copies: equal up to that float summation order, the bound tested.
+        different = saved_differences(family, tmp_path / "allreduce.out", reference(family, checkpoint, plan, data,
+                                                                                    STEPS))
+        assert max(different.values(), default=0.0) < TIED_BOUND, different
+        assert_bf16_files(tmp_path / "bf16.resumed")
+        expected_model = reference(family, tmp_path / "bf16.in", plan, data, 4).to(torch.bfloat16)
+        assert_saved_equals(family, tmp_path / "bf16.resumed", expected_model.float())
     if family == "t5":
         whole = stock_class(family).from_pretrained(tmp_path / "whole")
         assert_saved_equals(family, tmp_path / "resumed", whole)

@@ -18,7 +18,6 @@ import torch.distributed as dist
 from partitioning.train.cli import parse
 from partitioning.train.model import source_key
 from partitioning.train.rank import train
-from partitioning.train.stage import PREFIX
 
 
 def main() -> int:
@@ -29,7 +28,7 @@ def main() -> int:
         for name, argv in cases.items():
             stage = train(parse(argv), torch.device("cpu"))
             own = sorted({key for n, _ in [*stage.module.named_parameters(), *stage.module.named_buffers()]
-                          if (key := source_key(stage.meta, n.removeprefix(PREFIX), stage.checkpoint)) is not None})
+                          if (key := source_key(stage.meta, stage.stateless(n), stage.checkpoint)) is not None})
             others_meta = all(p.device.type == "meta" for module in stage.run.others for p in module.parameters())
             record = {"case": name, "rank": stage.rank, "replica": stage.replica, "loaded": sorted(stage.loaded),
                       "own": own, "others_meta": others_meta}

@@ -1,0 +1,87 @@
+"""Raw text for a causal LM (``--text FILE --tokenizer DIR``): tokenized offline, packed into the plan's length.
+
+The checkpoint's ``tokenizer.json`` (``DIR/tokenizer.json``) is read with the
+``tokenizers`` package.  Each non-empty line of the text is encoded on its own
+(with the special tokens the tokenizer's post-processor adds), the ids of all
+lines are concatenated in file order, with the tokenizer's end-of-text token
+between lines where it has one (``<|endoftext|>``, ``</s>``, ``<eos>``), and cut
+into rows of the plan's sequence length; the last, shorter row is dropped.  A row is
+one example: ``input_ids`` and ``labels`` are the same ids (the model shifts its
+labels itself), the attention mask all ones.  Packing is a pure function of the
+text, the tokenizer and the length, so the seeded order (:mod:`partitioning.train.data`)
+and a resumed run see the same examples.
+
+transformers 4.5.1 refuses to import next to a ``tokenizers`` other than
+0.10.x, which has no wheel for current Pythons, so ``scripts/setup.sh``
+installs ``tokenizers`` beside the venv (``.venv/tokenizers``) and only this
+module puts it on the path, after transformers is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from common.errors import UserError
+from common.files import read_text
+
+TOKENIZER = "tokenizer.json"
+TOKENIZERS_DIR = Path(__file__).resolve().parents[2] / ".venv" / "tokenizers"
+END_OF_TEXT = ("<|endoftext|>", "</s>", "<eos>")
+MAX_TEXT_BYTES = 1 << 30
+
+
+def tokenizers_module() -> Any:
+    """The ``tokenizers`` package (installed beside the venv by scripts/setup.sh)."""
+    import transformers  # noqa: F401 (first: its import-time version check must not see tokenizers)
+
+    if str(TOKENIZERS_DIR) not in sys.path and TOKENIZERS_DIR.is_dir():
+        sys.path.append(str(TOKENIZERS_DIR))
+    try:
+        import tokenizers
+    except ImportError:
+        raise UserError(f"--text needs the tokenizers package in {TOKENIZERS_DIR}: run scripts/setup.sh") from None
+    return tokenizers
+
+
+def load_tokenizer(directory: Path) -> Any:
+    path = directory / TOKENIZER
+    if not path.is_file():
+        raise UserError(f"--tokenizer {directory} has no {TOKENIZER} (give the checkpoint's tokenizer directory)")
+    try:
+        return tokenizers_module().Tokenizer.from_file(str(path))
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (not JSON, or not a tokenizer)
+        raise UserError(f"{path} is not a tokenizers file: {' '.join(str(exc).split())[:200]}") from None
+
+
+def pack(text_path: Path, tokenizer_dir: Path, length: int) -> list[list[int]]:
+    """The rows of ``length`` ids the text packs into (see the module's docstring)."""
+    tokenizer = load_tokenizer(tokenizer_dir)
+    lines = [line for line in read_text(text_path, "--text", MAX_TEXT_BYTES).splitlines() if line.strip()]
+    if not lines:
+        raise UserError(f"--text {text_path} holds no text")
+    end = next((tokenizer.token_to_id(token) for token in END_OF_TEXT if tokenizer.token_to_id(token) is not None),
+               None)
+    ids: list[int] = []
+    for index, encoding in enumerate(tokenizer.encode_batch(lines)):
+        ids += ([end] if index and end is not None else []) + list(encoding.ids)
+    if len(ids) < length:
+        raise UserError(f"--text {text_path} is {len(ids)} tokens long: less than one sequence of {length}")
+    return [ids[start:start + length] for start in range(0, len(ids) - length + 1, length)]
+
+
+def write_examples(text_path: Path, tokenizer_dir: Path, causal_lm: bool, lengths: dict[str, int], out: Path,
+                   class_name: str) -> int:
+    """Pack the text into ``out`` (JSON Lines of ``input_ids`` and ``labels``); the number of examples."""
+    if not causal_lm:
+        raise UserError(f"--text trains causal LMs (labels = the input ids); the plan trains a {class_name}: "
+                        f"give --data FILE with its inputs")
+    if len(lengths) != 1:
+        raise UserError(f"--text packs one sequence; the plan's {class_name} has {', '.join(lengths)}")
+    rows = pack(text_path, tokenizer_dir, next(iter(lengths.values())))
+    out.write_text("".join(json.dumps({"input_ids": row, "labels": row}) + "\n" for row in rows))
+    return len(rows)
