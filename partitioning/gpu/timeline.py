@@ -1,10 +1,10 @@
 """A per-rank timeline of pipelined steps: when each action of the runtime starts and ends, on every rank.
 
-Opt-in (``partition-model --run --timeline FILE``, ``train-model``'s ranks,
-``scripts/bench_pipeline.py``): :func:`attach` wraps the methods of one
-:class:`~partitioning.gpu.pipelining.PipelineRun` and the engine's two p2p
-helpers, and nothing is wrapped when no timeline is asked for, so a run
-without one pays nothing.  The recorded kinds:
+Opt-in (``partition-model --run --timeline FILE``, ``scripts/bench_pipeline.py``):
+:func:`attach` wraps the methods of one
+:class:`~partitioning.gpu.pipelining.PipelineRun`, and :meth:`Recorder.step`
+the engine's two p2p helpers for the step it frames; nothing is wrapped when
+no timeline is asked for, so a run without one pays nothing.  The recorded kinds:
 
 * ``F``, ``B``, ``I``, ``W``: a chunk's forward, whole backward, input- and
   weight-gradient backward for one micro-batch (the stage's
@@ -82,9 +82,13 @@ class Recorder:
         """One step, its clock started after a barrier on ``group`` (every rank's zero is the same moment)."""
         dist.barrier(group=group)
         self.step_index += 1
+        restore = self._patch_p2p()  # the engine's helpers are global: patched for this recorder's step only
         self._origin = time.perf_counter()
-        with self.span("step"):
-            yield
+        try:
+            with self.span("step"):
+                yield
+        finally:
+            restore()
 
     def wrap(self, owner: Any, name: str, describe: Callable[..., tuple[str, int, int]]) -> None:
         """Time ``owner.name(...)`` as the span ``describe(*args, **kwargs)`` names (kind, chunk, micro-batch)."""
@@ -101,7 +105,7 @@ class Recorder:
         while self._undo:
             self._undo.pop()()
 
-    def _patch_p2p(self) -> None:
+    def _patch_p2p(self) -> Callable[[], None]:
         post, wait = engine._batch_p2p, engine._wait_batch_p2p
 
         def batch_p2p(ops: list[dist.P2POp], desc: str | None = None) -> list[dist.Work]:
@@ -127,7 +131,7 @@ class Recorder:
 
         def restore() -> None:
             engine._batch_p2p, engine._wait_batch_p2p = post, wait
-        self._undo.append(restore)
+        return restore
 
 
 def attach(run: Any) -> Recorder:
@@ -146,7 +150,6 @@ def attach(run: Any) -> Recorder:
         for name in ("send", "receive", "finish"):
             kind = {"send": "link_send", "receive": "link_recv", "finish": "link_finish"}[name]
             recorder.wrap(link, name, lambda *a, _k=kind, **k: (_k, -1, -1))
-    recorder._patch_p2p()
     return recorder
 
 
