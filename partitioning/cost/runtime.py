@@ -7,7 +7,8 @@ goes).  The cost model adds three terms, each measured here on the machine:
 * ``action_overhead``: seconds the engine adds to every compute action (F,
   B, I, W) of a chunk, whatever the chunk computes: measured as the median
   duration of the actions of a 2-rank GPipe pipeline of a 4 x 4 linear layer
-  (whose own compute is microseconds), timed by the timeline's wrappers
+  (whose own compute is microseconds), timed around the stage's
+  ``forward_one_chunk`` / ``backward_one_chunk`` as the timeline times them
   (CPU time on a one-thread CPU rank, as the calibration times blocks);
 * ``latency``: seconds per message beyond its bytes at the link bandwidth:
   half the round trip of a one-element tensor between two ranks;
@@ -26,14 +27,13 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining import schedules as engine
-
-from partitioning.gpu.timeline import COMPUTE, Recorder
 
 PROBE_MICRO_BATCHES = 8
 
@@ -62,20 +62,28 @@ def action_overhead(repeats: int, device: torch.device) -> float:
     rank = dist.get_rank()
     stage = PipelineStage(nn.Linear(4, 4).to(device), rank, 2, device)
     schedule = engine.ScheduleGPipe(stage, PROBE_MICRO_BATCHES, loss_fn=lambda output, target: output.sum())
-    recorder = Recorder(rank)
-    recorder.wrap(stage, "forward_one_chunk", lambda mb, *a, **k: ("F", rank, mb))
-    recorder.wrap(stage, "backward_one_chunk", lambda mb, *a, **k: ("B", rank, mb))
+    # the calibration's clock: a one-thread CPU rank's own CPU time (waiting for a core on a shared machine is
+    # not the runtime's), else wall time
+    clock = time.thread_time if device.type == "cpu" and torch.get_num_threads() == 1 else time.perf_counter
+    took: list[float] = []
+
+    def timed(method: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            start = clock()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                took.append(clock() - start)
+        return run
+    stage.forward_one_chunk = timed(stage.forward_one_chunk)  # type: ignore[method-assign]
+    stage.backward_one_chunk = timed(stage.backward_one_chunk)  # type: ignore[method-assign]
     batch = torch.ones(PROBE_MICRO_BATCHES, 4, device=device)
     target = torch.zeros(PROBE_MICRO_BATCHES, device=device)
     for attempt in range(repeats + 1):
-        recorder.step_index = attempt  # the first step (shape inference, warm-up) is not counted
+        if attempt == 1:
+            took.clear()  # the first step (shape inference, warm-up) is not counted
         schedule.step(*((batch,) if rank == 0 else ()), target=target if rank == 1 else None)
-    recorder.detach()
-    # the calibration's clock: a one-thread CPU rank's own CPU time (waiting for a core on a shared machine is
-    # not the runtime's), else wall time
-    cpu = device.type == "cpu" and torch.get_num_threads() == 1
-    return statistics.median(e["cpu"] if cpu else e["end"] - e["start"]
-                             for e in recorder.events if e["kind"] in COMPUTE and e["step"] > 0)
+    return statistics.median(took)
 
 
 def measure_ranks(repeats: int, device: torch.device) -> dict[str, float]:
