@@ -158,14 +158,18 @@ def launch(paths: list[Path], stages: int, warmup: int, steps: int) -> dict[str,
 
 
 def measured_parts(events: list[dict[str, Any]], step: int) -> dict[int, dict[str, float]]:
-    """Per rank, the wall seconds of ``step`` by component (see the module doc) and compute's CPU seconds."""
+    """Per rank, the seconds of ``step`` by component (see the module doc): wall, and the rank's CPU (``cpu ...``)."""
     parts = {}
     for rank, kinds in timeline.breakdown(events, step).items():
         found = {group: sum(kinds.get(kind, 0.0) for kind in members) for group, members in GROUPS.items()}
         found["waiting"] = kinds["step"] - sum(found.values())  # p2p posts and waits, the bubble, the rest
         found["step"] = kinds["step"]
-        found["compute cpu"] = sum(e["cpu"] for e in events
-                                   if e["step"] == step and e["rank"] == rank and e["kind"] in COMPUTE)
+        top = [e for e in events if e["step"] == step and e["rank"] == rank and e["inside"] == "step"]
+        for group, members in GROUPS.items():  # a nested span's CPU is in its parent's (links inside B)
+            found[f"cpu {group}"] = sum(e["cpu"] for e in top if e["kind"] in members)
+        found["cpu step"] = next(e["cpu"] for e in events if e["step"] == step and e["rank"] == rank
+                                 and e["kind"] == "step")
+        found["cpu waiting"] = found["cpu step"] - sum(found[f"cpu {group}"] for group in GROUPS)
         parts[rank] = found
     return parts
 
@@ -185,12 +189,13 @@ def summarize(case: str, plans_run: list[Plan], measured: dict[str, Any], warmup
     for method, plan, events in zip(METHODS, plans_run, measured["events"]):
         steps = sorted({e["step"] for e in events if e["step"] >= warmup})
         walls = {s: max(e["end"] - e["start"] for e in events if e["step"] == s and e["kind"] == "step") for s in steps}
-        median = statistics.median_low(sorted(walls.values()))
-        chosen = next(s for s in steps if walls[s] == median)
+        chosen = next(s for s in steps if walls[s] == statistics.median_low(walls.values()))
+        cpu = {s: max(e["cpu"] for e in events if e["step"] == s and e["kind"] == "step") for s in steps}
         settings = plan.settings
         rows.append({"method": method, "schedule": settings["schedule"], "virtual": settings.get("virtual_stages", 1),
                      "micro_batches": settings["micro_batches"], "batch": plan.model["micro_batch"]["batch"],
                      "starts": [s.blocks[0] for s in plan.stages], "step": statistics.median(walls.values()),
+                     "cpu": statistics.median(cpu.values()),
                      "step_min": min(walls.values()), "predicted": plan.prediction["step_time"],
                      "measured_parts": measured_parts(events, chosen), "predicted_parts": predicted_parts(plan)})
     return {"case": case, "rows": rows}
@@ -206,24 +211,24 @@ def report(result: dict[str, Any], calibration: Calibration, loads: list[float],
              f"{calibration.latency * 1e6:.0f} us, {calibration.action_overhead * 1e6:.0f} us per action, optimizer "
              f"{calibration.update_rate * 1e9:.3g} s/GB, memory {calibration.memory_bandwidth / 1e9:.3g} GB/s.", "",
              "| plan | schedule | micro-batches | stages start at | step s (median) | step s (min) | ours / this "
-             "| predicted step s | prediction error |", "|---|---|---|---|---|---|---|---|---|"]
+             "| predicted step s | prediction error | busiest rank's CPU s per step (median) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         schedule = row["schedule"] + (f" (V={row['virtual']})" if row["virtual"] > 1 else "")
         lines.append(f"| {row['method']} | {schedule} | {row['micro_batches']} x {row['batch']} "
                      f"| {', '.join(row['starts'])} | {row['step']:.3f} | {row['step_min']:.3f} "
                      f"| {ours['step'] / row['step']:.3f} | {row['predicted']:.3f} "
-                     f"| {row['predicted'] / row['step'] - 1:+.0%} |")
+                     f"| {row['predicted'] / row['step'] - 1:+.0%} | {row['cpu']:.3f} |")
     for row in rows:
         ranks = sorted(row["measured_parts"])
-        lines += ["", f"Breakdown of {row['method']}'s median step, seconds per rank (predicted / measured wall; "
-                      f"compute also in CPU seconds):", "",
+        lines += ["", f"Breakdown of the median step of {row['method']}, seconds per rank: predicted / measured "
+                      f"wall / the rank's CPU seconds in it:", "",
                   "| component | " + " | ".join(f"rank {r}" for r in ranks) + " |", "|---|" + "---|" * len(ranks)]
         for part in ("compute", "waiting", "tied sum", "optimizer", "step"):
             cells = []
             for r in ranks:
                 predicted, measured = row["predicted_parts"][int(r)][part], row["measured_parts"][r][part]
-                cpu = f" (cpu {row['measured_parts'][r]['compute cpu']:.3f})" if part == "compute" else ""
-                cells.append(f"{predicted:.3f} / {measured:.3f}{cpu}")
+                cells.append(f"{predicted:.3f} / {measured:.3f} / {row['measured_parts'][r]['cpu ' + part]:.3f}")
             lines.append(f"| {part} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -243,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", default="4.5.1")
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--micro-batches", type=int, default=4, help="of the shape's micro-batch: the global batch")
-    parser.add_argument("--steps", type=int, default=4, help="timed steps per plan")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per plan")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3, help="timing repeats when calibrating")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (NCCL, one GPU per rank)")
