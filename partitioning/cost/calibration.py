@@ -193,7 +193,8 @@ def measure_model(model: torch.nn.Module, inputs: dict[str, torch.Tensor], repea
 
 
 def memory_bandwidth(device: torch.device, size: int = 1 << 26, repeats: int = 5) -> float:
-    """Bytes/s of copying ``size`` bytes within device memory (a read and a write of each byte)."""
+    """Bytes/s of copying ``size`` bytes within device memory (a read and a write of each byte), timed with the
+    calibration's clock (on a shared CPU, wall time would count the waits for a core)."""
     source = torch.ones(size // 4, device=device)
     target = torch.empty_like(source)
 
@@ -201,7 +202,7 @@ def memory_bandwidth(device: torch.device, size: int = 1 << 26, repeats: int = 5
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    return 2 * size / _median_seconds(lambda: target.copy_(source), repeats, sync)
+    return 2 * size / _median_seconds(lambda: target.copy_(source), repeats, sync, clock(device))
 
 
 def send_bandwidth(size: int, repeats: int = 5) -> tuple[float, str, dict[str, float]]:

@@ -78,9 +78,11 @@ def after_last_action(costs: ChainCosts, segments: Sequence[Segment], where: Seq
     """Per rank, the seconds of the tied-gradient sum and of the optimizer step (0 without runtime terms).
 
     The tied sum is the runtime's ordered one (:func:`partitioning.gpu.tied.ordered_sum`): each rank stacks
-    its uses' gradients of every micro-batch, all-gathers them over the ranks holding the weight (three
-    collectives: the latency thrice) and adds every holder's in order, so it moves and adds ``m`` gradients
-    per use; memory traffic at the memory bandwidth (a copy reads and writes), the gather at the link's.
+    its ``u`` uses' gradients of every micro-batch (two stacks, a concatenation, the padding, the gather's
+    local copy: five copies of ``u m`` gradients), all-gathers them over the ``H`` ranks holding the weight
+    (three collectives: the latency thrice; ``(H - 1) max(u) m`` gradients over the link) and adds all ``T``
+    uses' in order (``T m`` additions, each reading two and writing one), at the memory bandwidth (which
+    counts a copy's read and write).
     """
     settings = costs.settings
     if not settings.runtime_terms:
@@ -96,7 +98,7 @@ def after_last_action(costs: ChainCosts, segments: Sequence[Segment], where: Seq
         for r in range(ranks):
             if uses[r]:
                 gather = (holders - 1) * max(uses) * m * size / settings.bandwidth + 3 * settings.latency
-                tied[r] += gather + (4 * uses[r] + 3 * total) * m * size / settings.memory_bandwidth
+                tied[r] += gather + (10 * uses[r] + 3 * total) * m * size / settings.memory_bandwidth
     params = [0.0] * ranks
     for (i, j), rank in zip(segments, where):
         params[rank] += costs.state_memory(i, j) / settings.state_copies

@@ -61,8 +61,9 @@ def test_the_ordered_tied_sum_moves_every_use_of_every_micro_batch() -> None:
     each = settings("1f1b", 3, bandwidth=10.0, memory_bandwidth=100.0, latency=0.01, update_rate=1e-9)
     costs = ChainCosts(blocks, each, {"emb": 100})
     tied, _ = after_last_action(costs, [(0, 1), (2, 3)], [0, 1], 2)
-    # gather: (2 - 1) holders x 1 use x 3 micro-batches x 100 B at 10 B/s, 3 latencies; memory: (4 x 1 + 3 x 2) x 300 B
-    assert tied == pytest.approx((30.0 + 0.03 + 30.0, 30.0 + 0.03 + 30.0))
+    # gather: (2 - 1) holders x 1 use x 3 micro-batches x 100 B at 10 B/s, 3 latencies; memory: 5 copies of 1 use
+    # x 3 micro-batches (10 x 300 B: a copy reads and writes) and 2 x 3 additions (3 x 2 x 300 B), at 100 B/s
+    assert tied == pytest.approx((30.0 + 0.03 + 48.0, 30.0 + 0.03 + 48.0))
     alone, _ = after_last_action(costs, [(0, 3)], [0], 1)
     one_chunk = ChainCosts(chain([1.0] * 4, shared={0: ("emb",), 1: ("emb",)}), each, {"emb": 100})
     assert after_last_action(one_chunk, [(0, 1), (2, 3)], [0, 1], 2)[0] == (0.0, 0.0)  # one chunk holds it
