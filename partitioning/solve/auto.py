@@ -20,7 +20,10 @@ With them it also tries every count ``m'`` that divides the step's batch
 sequences, with every block's and value's per-micro-batch costs scaled by
 ``b' / b`` (first order: FLOPs, times and bytes in proportion to the
 sequences), and keeps the fastest predicted step that fits (ties: fewer
-micro-batches).  The plan records the micro-batch it chose.
+micro-batches).  The plan records the micro-batch it chose.  A micro-batch
+of another size than the costed one is planned without recomputation: the
+runtime finds a recomputed value by the shape it was traced with, which
+another micro-batch does not have (cost at that micro-batch to get it).
 """
 
 from __future__ import annotations
@@ -88,9 +91,10 @@ def choose(blocks: Sequence[Block], ranks: int, settings: Settings, model: dict[
         size = total // m
         micro_batch = {**model["micro_batch"], "batch": size}
         scaled_blocks, scaled_values = rescaled(blocks, values, size / per)
+        # a recomputed value is named by the shape it was traced with: another micro-batch sends them all
+        each = replace(settings, micro_batches=m, recompute=settings.recompute and size == per)
         try:
-            plan = _choose(scaled_blocks, ranks, replace(settings, micro_batches=m),
-                           {**model, "micro_batch": micro_batch}, scaled_values)
+            plan = _choose(scaled_blocks, ranks, each, {**model, "micro_batch": micro_batch}, scaled_values)
         except UserError as exc:
             failures.append(f"{m} micro-batches: {exc}")
             continue

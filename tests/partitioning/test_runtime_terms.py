@@ -84,6 +84,8 @@ def test_auto_chooses_fewer_micro_batches_when_each_action_costs_more() -> None:
     costly = partition(blocks, 2, settings("auto", 2, action_overhead=10.0), MODEL)
     assert costly.settings["micro_batches"] == 1 and costly.model["micro_batch"]["batch"] == 8
     assert costly.model["micro_batch"]["lengths"] == {"seq": 8}
+    # values are named by their traced shapes: another micro-batch size sends every value
+    assert costly.settings["recompute"] is False and cheap.settings["recompute"] is False
     rows = {row["micro_batches"]: row["step_time"] for row in costly.prediction["micro_batch_counts"]}
     assert sorted(rows) == [1, 2, 4, 8] and min(rows, key=lambda m: rows[m]) == 1
     assert costly.prediction["step_time"] == rows[1] < rows[8]
