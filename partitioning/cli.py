@@ -128,6 +128,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="then train --run-steps steps of the plan on synthetic data under torchrun, one stage "
                           "per process (NCCL on GPUs when there are enough, else gloo on CPU)")
     run.add_argument("--run-steps", type=positive_int, default=3)
+    run.add_argument("--timeline", type=Path, metavar="FILE",
+                     help="with --run: write every rank's timeline of every step (forward, backward, p2p waits, "
+                          "tied sync, optimizer) as JSON")
     for target in TARGETS.values():
         target.add_arguments(parser)
     parser.add_argument("-v", "--verbose", action="store_true", help="tracebacks of internal errors")

@@ -175,10 +175,13 @@ def _calibrate(request: Request, target: Target) -> str:
                          sublayers=True, clock=clock(request.device))
     inputs = family.inputs(class_name, config, micro_batch, request.device)
     described = family.describe(class_name, config, micro_batch, shape, grain.SUBLAYER)
-    result = calibrate(chain, model, inputs, described, repeats, request.threads)
+    result = calibrate(chain, model, inputs, described, repeats, request.threads,
+                       micro_batches=request.micro_batches)
     write_outputs({request.calibrate: result.to_json().encode()})
     return (f"calibrated {request.family} {request.version} {class_name} {shape}, micro-batch "
             f"{micro_batch.describe()} on {result.device} ({request.threads} thread(s)): "
             f"{result.flops / 1e9:.3g} GFLOP/s, backward {result.backward_factor:.2f}x forward, memory "
-            f"{result.memory_bandwidth / 1e9:.3g} GB/s, {result.backend} link {result.bandwidth / 1e9:.3g} GB/s\n"
+            f"{result.memory_bandwidth / 1e9:.3g} GB/s, {result.backend} link {result.bandwidth / 1e9:.3g} GB/s; "
+            f"runtime: {result.latency * 1e6:.0f} us per message, {result.action_overhead * 1e6:.0f} us per action, "
+            f"optimizer {result.update_rate * 1e9:.3g} s per GB of parameters\n"
             f"wrote {request.calibrate}")

@@ -71,7 +71,7 @@ def check_destinations(paths: Mapping[str, Path], inputs: Mapping[str, Path | No
 
 def _default_name(flag: str) -> str:
     return {"--output": "plan.json", "--plot": "plan.png", "--module-to-device": "placement.json",
-            "--ipu-code": "ipu_parallelize.py", "--ipu-options": "poptorch_options.conf"}.get(flag, "out")
+            "--ipu-code": "ipu_parallelize.py", "--timeline": "timeline.json", "--ipu-options": "poptorch_options.conf"}.get(flag, "out")
 
 
 def _journal_dir(paths: Sequence[Path]) -> Path:

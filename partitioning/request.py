@@ -52,6 +52,7 @@ class Request:
     options: Any  # the target's own flags, or None
     verbose: bool
     models_dir: Path | None = None  # where the generated code is (None: the repository's generated_models)
+    timeline: Path | None = None  # with run: rank 0 writes the per-rank timeline of every step there
 
     def class_of(self, definition: FamilyDefinition) -> str:
         return self.class_name or definition.default_class

@@ -10,7 +10,11 @@ on the machine the pipeline will run on,
   of a large copy (what recomputing a value costs);
 * the bandwidth between two ranks with the backend the pipeline uses (gloo on
   CPU, NCCL between two GPUs), by a ping-pong of the largest tensor crossing a
-  cut, under ``torchrun``.
+  cut, under ``torchrun``;
+* the runtime's own terms (:mod:`partitioning.cost.runtime`): the latency of
+  a message, the engine's overhead per compute action (both on those ranks)
+  and the optimizer step's seconds per parameter byte.  Files without them
+  (written before) read as 0: the model then predicts compute and bytes only.
 
 ``--calibration FILE`` plans from it: a block the calibration timed at the
 same model and micro-batch keeps its time; otherwise its time is its FLOPs at
@@ -42,6 +46,7 @@ import torch.distributed as dist
 from common.errors import UserError
 from common.files import parse_json
 from common.schema import FILE, Check, Count, NonNegative, OptionError, PositiveInt, Text, fail, parse_options
+from partitioning.cost import runtime
 from partitioning.cost.costing import Chain
 from partitioning.plan import Block, layer_of
 from partitioning.solve.partition import Settings
@@ -73,6 +78,9 @@ class Calibration:
     flops: Rate  # achieved FLOP/s over the timed blocks that compute
     backward_factor: NonNegative  # (forward + backward) / forward - 1, of the whole model
     model: dict[str, Any]  # family, version, class, shape, config, micro_batch it was measured on
+    latency: NonNegative = 0.0  # seconds per message beyond its bytes at the bandwidth
+    action_overhead: NonNegative = 0.0  # seconds the engine adds to each compute action of a chunk
+    update_rate: NonNegative = 0.0  # seconds per parameter byte of the optimizer step
     blocks: list[dict[str, Any]] = field(default_factory=list)  # name, flops, seconds, activation_bytes (TimedBlock)
     machine: str = ""
     format: Literal[1] = FORMAT
@@ -99,7 +107,8 @@ class Calibration:
     def settings(self, base: Settings) -> Settings:
         """``base`` with this machine's rates; compute is costed on (calibrated) seconds."""
         return replace(base, device_flops=self.flops, bandwidth=self.bandwidth,
-                       memory_bandwidth=self.memory_bandwidth, backward_factor=self.backward_factor, measured=True)
+                       memory_bandwidth=self.memory_bandwidth, backward_factor=self.backward_factor, measured=True,
+                       latency=self.latency, action_overhead=self.action_overhead, update_rate=self.update_rate)
 
     def apply(self, chain: Chain, layer_lists: Sequence[str], model: dict[str, Any]) -> Chain:
         """``chain`` with every block's forward seconds from this calibration (see the module doc)."""
@@ -184,7 +193,8 @@ def measure_model(model: torch.nn.Module, inputs: dict[str, torch.Tensor], repea
 
 
 def memory_bandwidth(device: torch.device, size: int = 1 << 26, repeats: int = 5) -> float:
-    """Bytes/s of copying ``size`` bytes within device memory (a read and a write of each byte)."""
+    """Bytes/s of copying ``size`` bytes within device memory (a read and a write of each byte), timed with the
+    calibration's clock (on a shared CPU, wall time would count the waits for a core)."""
     source = torch.ones(size // 4, device=device)
     target = torch.empty_like(source)
 
@@ -192,11 +202,11 @@ def memory_bandwidth(device: torch.device, size: int = 1 << 26, repeats: int = 5
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    return 2 * size / _median_seconds(lambda: target.copy_(source), repeats, sync)
+    return 2 * size / _median_seconds(lambda: target.copy_(source), repeats, sync, clock(device))
 
 
-def send_bandwidth(size: int, repeats: int = 5) -> tuple[float, str]:
-    """Bytes/s one way between two ranks (ping-pong under torchrun), and the backend it used."""
+def send_bandwidth(size: int, repeats: int = 5) -> tuple[float, str, dict[str, float]]:
+    """Bytes/s one way between two ranks (ping-pong under torchrun), the backend it used, the runtime's terms."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                "-m", "partitioning.cost.calibration", str(size), str(repeats)]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -205,7 +215,8 @@ def send_bandwidth(size: int, repeats: int = 5) -> tuple[float, str]:
     if result.returncode or not found:
         tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
         raise UserError(f"the bandwidth measurement failed (torchrun exit {result.returncode}): {tail[0]}")
-    return float(found.group(1)), found.group(2)
+    terms = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("runtime "))[8:])
+    return float(found.group(1)), found.group(2), terms
 
 
 def _ping_pong(size: int, repeats: int) -> None:
@@ -234,14 +245,16 @@ def _ping_pong(size: int, repeats: int) -> None:
                 torch.cuda.synchronize()
             if attempt:
                 best = min(best, (time.perf_counter() - start) / 2)
+        terms = runtime.measure_ranks(repeats, device)
         if rank == 0:
             print(f"bandwidth {buffer.numel() * buffer.element_size() / best} {backend}", flush=True)
+            print(f"runtime {json.dumps(terms)}", flush=True)
     finally:
         dist.destroy_process_group()
 
 
 def calibrate(chain: Chain, model: torch.nn.Module, inputs: dict[str, torch.Tensor], described: dict[str, Any],
-              repeats: int, threads: int, bandwidth: float | None = None) -> Calibration:
+              repeats: int, threads: int, bandwidth: float | None = None, micro_batches: int = 1) -> Calibration:
     """A calibration from a chain costed with ``measure_repeats`` on the real device, and the model it ran."""
     if any(b.seconds is None for b in chain.blocks):
         raise UserError("calibration needs the chain's blocks timed on a real device")
@@ -251,13 +264,15 @@ def calibrate(chain: Chain, model: torch.nn.Module, inputs: dict[str, torch.Tens
     flops = sum(b.flops for b in computing) / sum(b.seconds or 0.0 for b in computing)
     biggest = max((v.bytes for v in chain.values), default=1 << 20)
     size = min(max(biggest, 1 << 20), 1 << 28)
-    backend = "given"
+    backend, terms = "given", {"latency": 0.0, "action_overhead": 0.0}
     if bandwidth is None:
-        bandwidth, backend = send_bandwidth(size, repeats)
+        bandwidth, backend, terms = send_bandwidth(size, repeats)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return Calibration(device=name, threads=threads, backend=backend, bandwidth=bandwidth,
                        memory_bandwidth=memory_bandwidth(device, repeats=repeats), flops=flops,
                        backward_factor=max(0.0, forward_backward / forward - 1.0), model=described,
+                       update_rate=runtime.update_rate(model, micro_batches, repeats, clock(device)),
+                       latency=terms["latency"], action_overhead=terms["action_overhead"],
                        blocks=[{"name": b.name, "flops": b.flops, "seconds": b.seconds,
                                 "activation_bytes": b.activation_bytes} for b in chain.blocks],
                        machine=f"{platform.node()} ({platform.processor() or platform.machine()}, "

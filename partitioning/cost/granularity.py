@@ -89,4 +89,7 @@ def choose(sublayer_chain: Chain, layer_lists: Sequence[str],
             errors.append(exc)
     if not candidates:
         raise errors[-1]
+    if len({plan.settings.get("micro_batches") for plan, _ in candidates}) > 1:
+        # --schedule auto chose different micro-batch counts: their stage costs are per different micro-batches
+        return min(candidates, key=lambda c: c[0].prediction["step_time"])
     return min(candidates, key=lambda c: c[0].bottleneck)  # min keeps the first (layers) on a tie

@@ -19,9 +19,11 @@ from common.errors import UserError
 TRAIN = "partitioning.gpu.train"  # the module each rank runs; its errors start with its name
 
 
-def launch(plan: Path, stages: int, steps: int) -> None:
-    """torchrun the plan's stages, streaming the steps the last stage prints; a failure is one line."""
-    run_ranks(TRAIN, ["--plan", str(plan), "--steps", str(steps)], stages)
+def launch(plan: Path, stages: int, steps: int, timeline: Path | None = None) -> None:
+    """torchrun the plan's stages, streaming the steps the last stage prints; a failure is one line.
+    ``timeline``: rank 0 writes the per-rank timeline of every step there."""
+    extra = ["--timeline", str(timeline.resolve())] if timeline is not None else []
+    run_ranks(TRAIN, ["--plan", str(plan), "--steps", str(steps), *extra], stages)
 
 
 def torchrun_command(module: str, arguments: list[str], ranks: int, nodes: int = 1, node_rank: int | None = None,

@@ -34,6 +34,8 @@ class GPUTarget:
         if stages is None:
             raise UserError("--stages K is required (or --target ipu --ipus N)")
         request = replace(request, batch=request.batch or DEFAULT_BATCH)
+        if request.timeline is not None and not request.run:
+            raise UserError("--timeline records a pipelined run: give --run too")
         if not request.run:
             return request
         info = family.class_info(request.class_of(family.definition))
@@ -53,7 +55,7 @@ class GPUTarget:
         return {}
 
     def writes(self, request: Request) -> dict[str, Path]:
-        return {}
+        return {"--timeline": request.timeline} if request.timeline is not None else {}
 
     def outputs(self, request: Request, plan: Plan) -> tuple[list[str], dict[Path, bytes]]:
         return [], {}
@@ -61,4 +63,4 @@ class GPUTarget:
     def run(self, request: Request) -> None:
         if request.run:
             assert request.stages is not None  # settled by check()
-            launch(request.output, request.stages, request.run_steps)
+            launch(request.output, request.stages, request.run_steps, request.timeline)

@@ -1,9 +1,11 @@
 """A few pipelined training steps of a plan on synthetic data, one stage per rank (a torchrun entry point).
 
-    torchrun --standalone --nproc-per-node K -m partitioning.gpu.train --plan plan.json [--steps 3]
+    torchrun --standalone --nproc-per-node K -m partitioning.gpu.train --plan plan.json [--steps 3] [--timeline FILE]
 
 Uses NCCL and one GPU per rank when CUDA has enough devices, else gloo on
 CPU.  The last stage prints each step's mean micro-batch loss and time.
+``--timeline FILE``: rank 0 also writes every rank's timeline of every step
+(:mod:`partitioning.gpu.timeline`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from families.definition import InputSpec
 from families.family import trained_model
 from families.models import MicroBatch, make_inputs
 from partitioning.files import read_plan
+from partitioning.gpu import timeline
 from partitioning.gpu.pipelining import TIED_SUMS, PipelineRun
 from partitioning.plan import Plan
 from partitioning.solve.partition import Settings
@@ -39,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate")
     parser.add_argument("--seed", type=int, default=0, help="same on every rank: the stages share one model")
     parser.add_argument("--tied-sum", choices=TIED_SUMS, default="ordered")
+    parser.add_argument("--timeline", type=Path, metavar="FILE", help="write a per-rank timeline of every step")
     return parser
 
 
@@ -61,7 +65,8 @@ def rebuild(described: dict) -> tuple[torch.nn.Module, Any, list[InputSpec], Mic
     return family.build(class_name, config, "cpu"), config, specs, micro_batch
 
 
-def train(plan: Plan, steps: int, lr: float, seed: int, tied_sum: str, device: torch.device) -> list[str]:
+def train(plan: Plan, steps: int, lr: float, seed: int, tied_sum: str, device: torch.device,
+          timeline_file: Path | None = None) -> list[str]:
     torch.manual_seed(seed)
     model, config, specs, micro_batch = rebuild(plan.model)
     settings = Settings.from_plan(plan.settings)
@@ -71,17 +76,25 @@ def train(plan: Plan, steps: int, lr: float, seed: int, tied_sum: str, device: t
                       tied_sum=tied_sum)
     optimizer = torch.optim.Adam(run.module.parameters(), lr=lr)
     whole = micro_batch.scaled(micro_batches)
+    recorder = timeline.attach(run) if timeline_file is not None else None
     lines = []
     for step in range(steps):
         batch = {k: v.to(device) for k, v in make_inputs(specs, config, whole, "cpu", seed=seed + step + 1).items()}
-        start = time.perf_counter()
-        losses = run.step(batch)
-        optimizer.step()
-        optimizer.zero_grad()
-        seconds = time.perf_counter() - start
+        with timeline.step_of(recorder):
+            start = time.perf_counter()
+            losses = run.step(batch)
+            with timeline.span_of(recorder, "optimizer"):
+                optimizer.step()
+                optimizer.zero_grad()
+            seconds = time.perf_counter() - start
         if losses:
             mean = torch.stack([loss.detach() for loss in losses]).mean().item()
             lines.append(f"step {step + 1}/{steps}: loss {mean:.4f} over {len(losses)} micro-batches, {seconds:.2f} s")
+    if recorder is not None and timeline_file is not None:
+        events = timeline.gather(recorder)
+        if events is not None:
+            timeline.write(timeline_file, events, schedule=schedule, micro_batches=micro_batches,
+                           ranks=run.stages, placement=list(plan.ranks))
     return lines
 
 
@@ -96,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group(backend)
     try:
         plan = read_plan(args.plan)
-        for line in train(plan, args.steps, args.lr, args.seed, args.tied_sum, device):
+        for line in train(plan, args.steps, args.lr, args.seed, args.tied_sum, device, args.timeline):
             print(line, flush=True)
     except (UserError, OSError) as exc:
         return report(rank, exc)

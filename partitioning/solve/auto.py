@@ -9,10 +9,21 @@ the :data:`SEARCHED` best of those (that fit) get the full cut search
 (:mod:`partitioning.solve.chunks`), which is the slow part.  A candidate
 the engine refuses for these counts (DualPipeV needs ``m >= 2K``, say) is
 listed with the engine's reason.  Ties go to the earlier schedule in the
-engine's list, then to fewer virtual stages.  The micro-batch count is the
-one asked for: under FLOP costs the step time only falls as micro-batches
-get more and smaller, so choosing it needs per-micro-batch overheads this
-cost model does not have.
+engine's list, then to fewer virtual stages.
+
+The micro-batch count: under FLOP and byte costs alone the step time only
+falls as micro-batches get more and smaller, so without the runtime's own
+terms (a calibration's: per-action overhead, message latency, the tied
+gradients' sum that grows with the count) ``auto`` keeps the one asked for.
+With them it also tries every count ``m'`` that divides the step's batch
+(``m`` micro-batches of ``b`` sequences) into micro-batches of ``m b / m'``
+sequences, with every block's and value's per-micro-batch costs scaled by
+``b' / b`` (first order: FLOPs, times and bytes in proportion to the
+sequences), and keeps the fastest predicted step that fits (ties: fewer
+micro-batches).  The plan records the micro-batch it chose.  A micro-batch
+of another size than the costed one is planned without recomputation: the
+runtime finds a recomputed value by the shape it was traced with, which
+another micro-batch does not have (cost at that micro-batch to get it).
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from partitioning.solve.schedules import SCHEDULES, SINGLE, V_SHAPED, check_runs
 
 SEARCHED = 3  # multi-chunk candidates given the full cut search
 MAX_LOOPED_V = 4
+MAX_MICRO_BATCHES = 64
 
 
 def candidates(blocks: int, ranks: int, virtual: int | None) -> list[tuple[str, int]]:
@@ -42,8 +54,63 @@ def candidates(blocks: int, ranks: int, virtual: int | None) -> list[tuple[str, 
     return found
 
 
+def micro_batch_counts(settings: Settings, model: dict[str, Any]) -> list[int]:
+    """The micro-batch counts ``auto`` tries (see the module doc): the one asked for, or the batch's divisors."""
+    per = int(model.get("micro_batch", {}).get("batch", 0))
+    if not settings.runtime_terms or per < 1:
+        return [settings.micro_batches]
+    total = per * settings.micro_batches
+    return [m for m in range(1, min(total, MAX_MICRO_BATCHES) + 1) if total % m == 0]
+
+
+def rescaled(blocks: Sequence[Block], values: Sequence[Value], factor: float) -> tuple[list[Block], list[Value]]:
+    """Per-micro-batch costs of micro-batches ``factor`` times as large (first order: see the module doc)."""
+    def scale(count: int) -> int:
+        return round(count * factor)
+    scaled_blocks = [replace(b, flops=b.flops * factor, out_bytes=scale(b.out_bytes),
+                             activation_bytes=scale(b.activation_bytes),
+                             seconds=None if b.seconds is None else b.seconds * factor) for b in blocks]
+    scaled_values = [replace(v, bytes=scale(v.bytes), recompute=None if v.recompute is None else replace(
+        v.recompute, flops=v.recompute.flops * factor, bytes=scale(v.recompute.bytes),
+        inputs=tuple((name, scale(size)) for name, size in v.recompute.inputs))) for v in values]
+    return scaled_blocks, scaled_values
+
+
 def choose(blocks: Sequence[Block], ranks: int, settings: Settings, model: dict[str, Any],
            values: Sequence[Value] = ()) -> Plan:
+    """The fastest (schedule, V, micro-batch count) that fits (see the module doc)."""
+    counts = micro_batch_counts(settings, model)
+    if counts == [settings.micro_batches]:
+        return _choose(blocks, ranks, settings, model, values)
+    per, total = int(model["micro_batch"]["batch"]), int(model["micro_batch"]["batch"]) * settings.micro_batches
+    best: Plan | None = None
+    best_key: tuple[float, int] | None = None
+    tried: list[dict[str, Any]] = []
+    failures: list[str] = []
+    for m in counts:
+        size = total // m
+        micro_batch = {**model["micro_batch"], "batch": size}
+        scaled_blocks, scaled_values = rescaled(blocks, values, size / per)
+        # a recomputed value is named by the shape it was traced with: another micro-batch sends them all
+        each = replace(settings, micro_batches=m, recompute=settings.recompute and size == per)
+        try:
+            plan = _choose(scaled_blocks, ranks, each, {**model, "micro_batch": micro_batch}, scaled_values)
+        except UserError as exc:
+            failures.append(f"{m} micro-batches: {exc}")
+            continue
+        key = (plan.prediction["step_time"], m)
+        if best_key is None or key < best_key:
+            best, best_key = plan, key
+        tried.append({"micro_batches": m, "batch": size, "schedule": plan.settings["schedule"],
+                      "virtual_stages": plan.settings["virtual_stages"], "step_time": plan.prediction["step_time"]})
+    if best is None:
+        raise UserError(failures[0])
+    best.prediction = {**best.prediction, "micro_batch_counts": tried}
+    return best
+
+
+def _choose(blocks: Sequence[Block], ranks: int, settings: Settings, model: dict[str, Any],
+            values: Sequence[Value] = ()) -> Plan:
     from partitioning.solve.partition import partition  # partition dispatches here
 
     plans: list[tuple[tuple[Any, ...], Plan]] = []

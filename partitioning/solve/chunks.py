@@ -11,6 +11,12 @@ split into K x V chunks, a cut moves by one block while the step time drops
 (a local search: it can stop at a local optimum).  Every rank must fit the
 memory limit: its chunks' parameter state plus its simulated activation
 peak.  Ties: the least bytes over the cuts, then the smallest chunk ends.
+
+With the runtime's own terms (a calibration's, :mod:`partitioning.cost.runtime`)
+every action costs the engine's overhead, every message its latency, and
+after the last action each rank syncs its tied weights' gradients and steps
+its optimizer (:func:`after_last_action`): the step time is the simulated
+pipeline plus the slowest rank's tail.
 """
 
 from __future__ import annotations
@@ -36,26 +42,67 @@ class Prediction:
     timeline: Timeline
     rank_memory: tuple[float, ...]  # bytes: parameter state of the rank's chunks + its activation peak
     fits: bool
+    tied_sync: tuple[float, ...] = ()  # per rank: seconds summing tied weights' gradients after the pipeline
+    update: tuple[float, ...] = ()  # per rank: seconds of the optimizer step
 
     @property
     def step_time(self) -> float:
-        return self.timeline.step_time
+        tails = [tied + update for tied, update in zip(self.tied_sync, self.update)]
+        return self.timeline.step_time + max(tails, default=0.0)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step_time": self.step_time, "bubble": self.timeline.bubble, "rank_busy": list(self.timeline.busy),
-                "rank_memory_bytes": [round(memory) for memory in self.rank_memory]}
+        found = {"step_time": self.step_time, "bubble": self.timeline.bubble, "rank_busy": list(self.timeline.busy),
+                 "rank_memory_bytes": [round(memory) for memory in self.rank_memory]}
+        if self.tied_sync:
+            found.update(pipeline_time=self.timeline.step_time, rank_tied_sync=list(self.tied_sync),
+                         rank_update=list(self.update))
+        return found
 
 
 def chunk_costs(costs: ChainCosts, segments: Sequence[Segment]) -> list[ChunkCost]:
     """Per chunk: forward (with its recomputations), backward, its weight-gradient part, send, activations."""
     chunks = []
+    settings = costs.settings
     for i, j in segments:
         forward = costs.forward(i, j)
         backward = costs.compute(i, j) - forward
+        latency = settings.latency if j < len(costs.blocks) - 1 else 0.0
         chunks.append(ChunkCost(forward + costs.recompute_time(i, j), backward,
-                                backward * costs.settings.weight_gradient, costs.communication(j),
-                                costs.activations(i, j)))
+                                backward * settings.weight_gradient, costs.communication(j) + latency,
+                                costs.activations(i, j), settings.action_overhead))
     return chunks
+
+
+def after_last_action(costs: ChainCosts, segments: Sequence[Segment], where: Sequence[int],
+                      ranks: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per rank, the seconds of the tied-gradient sum and of the optimizer step (0 without runtime terms).
+
+    The tied sum is the runtime's ordered one (:func:`partitioning.gpu.tied.ordered_sum`): each rank stacks
+    its ``u`` uses' gradients of every micro-batch (two stacks, a concatenation, the padding, the gather's
+    local copy: five copies of ``u m`` gradients), all-gathers them over the ``H`` ranks holding the weight
+    (three collectives: the latency thrice; ``(H - 1) max(u) m`` gradients over the link) and adds all ``T``
+    uses' in order (``T m`` additions, each reading two and writing one), at the memory bandwidth (which
+    counts a copy's read and write).
+    """
+    settings = costs.settings
+    if not settings.runtime_terms:
+        return (), ()
+    rank_of_block = {block: rank for (i, j), rank in zip(segments, where) for block in range(i, j + 1)}
+    tied, m = [0.0] * ranks, settings.micro_batches
+    for size, users in costs.tied_weights():
+        chunks = {c for c, (i, j) in enumerate(segments) if any(i <= u <= j for u in users)}
+        if len(chunks) < 2:
+            continue  # one chunk holds it: no copies to sum
+        uses = [sum(1 for u in users if rank_of_block[u] == r) for r in range(ranks)]
+        holders, total = sum(1 for n in uses if n), sum(uses)
+        for r in range(ranks):
+            if uses[r]:
+                gather = (holders - 1) * max(uses) * m * size / settings.bandwidth + 3 * settings.latency
+                tied[r] += gather + (10 * uses[r] + 3 * total) * m * size / settings.memory_bandwidth
+    params = [0.0] * ranks
+    for (i, j), rank in zip(segments, where):
+        params[rank] += costs.state_memory(i, j) / settings.state_copies
+    return tuple(tied), tuple(p * settings.update_rate for p in params)
 
 
 def predict(costs: ChainCosts, segments: Sequence[Segment], ranks: int) -> Prediction:
@@ -70,7 +117,8 @@ def predict(costs: ChainCosts, segments: Sequence[Segment], ranks: int) -> Predi
         memory[rank] += costs.state_memory(i, j)
     rank_memory = tuple(state + peak for state, peak in zip(memory, timeline.peak_activations))
     limit = settings.memory_limit
-    return Prediction(tuple(segments), timeline, rank_memory, limit is None or max(rank_memory) <= limit)
+    tied, update = after_last_action(costs, segments, where, ranks)
+    return Prediction(tuple(segments), timeline, rank_memory, limit is None or max(rank_memory) <= limit, tied, update)
 
 
 def _key(prediction: Prediction, costs: ChainCosts) -> tuple[Any, ...]:

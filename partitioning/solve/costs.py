@@ -50,6 +50,10 @@ class Settings:
     recompute: bool = True  # recompute crossing values where cheaper than sending them
     virtual_stages: int | None = None  # chunks per rank (None: the schedule's default, 1 or 2; "auto": chosen)
     weight_gradient: float = 0.5  # share of the backward computing weight gradients (W, split off by zero bubble)
+    # the runtime's own costs (calibrated: partitioning.cost.runtime; 0 = compute and bytes only)
+    latency: float = 0.0  # seconds per message beyond its bytes at the bandwidth
+    action_overhead: float = 0.0  # seconds the engine adds to every compute action (F, B, I, W) of a chunk
+    update_rate: float = 0.0  # seconds per parameter byte of the optimizer step
 
     def __post_init__(self) -> None:
         # Finite too: the flags are finite, but TFLOP/s x 1e12 can overflow to infinity, which JSON cannot hold.
@@ -74,6 +78,13 @@ class Settings:
             raise UserError(f"optimizer states must be >= 0, got {self.optimizer_states}")
         if not self.memory_bandwidth > 0 or not self.backward_factor >= 0:
             raise UserError("memory bandwidth must be positive and the backward factor non-negative")
+        if not min(self.latency, self.action_overhead, self.update_rate) >= 0:
+            raise UserError("the runtime's latency, action overhead and update rate must be non-negative")
+
+    @property
+    def runtime_terms(self) -> bool:
+        """The settings carry the runtime's own costs (a calibration measured them)."""
+        return self.latency > 0 or self.action_overhead > 0 or self.update_rate > 0
 
     @classmethod
     def from_plan(cls, settings: Mapping[str, Any]) -> Settings:
@@ -167,6 +178,10 @@ class ChainCosts:
                     produced.setdefault(name, 0)
         return [sum(sizes[name] for name, last in reach.items()
                     if name not in self.recomputed and produced[name] <= j < last) for j in range(len(self.blocks))]
+
+    def tied_weights(self) -> list[tuple[int, list[int]]]:
+        """Each weight several blocks share: its bytes and the blocks using it."""
+        return [(self._shared_bytes[name], users) for name, users in self._shared_users.items() if users]
 
     def recomputing(self, i: int, j: int) -> list[Value]:
         """The values a stage running blocks ``i..j`` recomputes: made before it, read inside it."""

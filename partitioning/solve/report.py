@@ -42,6 +42,13 @@ def format_plan(plan: Plan) -> str:
 
 
 
+def _of(plan: Plan) -> str:
+    """`` of B`` sequences where ``--schedule auto`` chose the micro-batch count (the micro-batch changed)."""
+    if "micro_batch_counts" not in plan.prediction:
+        return ""
+    return f" of {plan.model.get('micro_batch', {}).get('batch')} (chosen)"
+
+
 def _prediction(plan: Plan) -> list[str]:
     """The simulated step of the plan's schedule, and of the schedules it was chosen over."""
     prediction = plan.prediction
@@ -50,8 +57,17 @@ def _prediction(plan: Plan) -> list[str]:
     schedule = f"{plan.settings.get('schedule')}" + (f" (V={plan.settings['virtual_stages']})"
                                                      if (plan.settings.get("virtual_stages") or 1) > 1 else "")
     lines = [f"predicted step {_ms(prediction['step_time'])} ms under {schedule}, "
-             f"{plan.settings.get('micro_batches')} micro-batches: bubble {prediction['bubble']:.1%}, "
+             f"{plan.settings.get('micro_batches')} micro-batches{_of(plan)}: bubble {prediction['bubble']:.1%}, "
              f"peak rank memory {max(prediction['rank_memory_bytes']) / 1e9:.4g} GB"]
+    if "rank_tied_sync" in prediction:
+        lines.append(f"  of which pipeline {_ms(prediction['pipeline_time'])} ms, then per rank tied-gradient sum "
+                     f"{' / '.join(_ms(t) for t in prediction['rank_tied_sync'])} ms and optimizer step "
+                     f"{' / '.join(_ms(t) for t in prediction['rank_update'])} ms")
+    for row in prediction.get("micro_batch_counts", ()):
+        if row["micro_batches"] != plan.settings.get("micro_batches"):
+            name = row["schedule"] + (f" (V={row['virtual_stages']})" if row["virtual_stages"] > 1 else "")
+            lines.append(f"  instead {row['micro_batches']} micro-batches of {row['batch']}: step "
+                         f"{_ms(row['step_time'])} ms under {name}")
     for row in prediction.get("alternatives", ()):
         name = row["schedule"] + (f" (V={row['virtual_stages']})" if row["virtual_stages"] > 1 else "")
         if "error" in row:

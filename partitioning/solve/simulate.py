@@ -14,7 +14,8 @@ as the rank is free and its inputs are there:
 * ``W`` (the weight-gradient part): after ``I`` of the same chunk and ``m``.
 
 ``B`` costs the whole backward, ``I`` its input-gradient part, ``W`` the
-rest.  Sends are link delays that do not occupy either rank (the engine's
+rest; every action also costs the chunk's ``overhead`` (the runtime's own
+seconds per action, calibrated).  Sends are link delays that do not occupy either rank (the engine's
 sends are asynchronous), one per crossing, without link contention.
 
 Memory: a chunk holds a micro-batch's activations from its ``F`` until the
@@ -41,6 +42,7 @@ class ChunkCost:
     weight: float = 0.0  # the weight-gradient part of ``backward``, run alone as W where the schedule splits it
     send: float = 0.0  # seconds to send the chunk's output to the next chunk's rank (and its gradient back)
     activation: float = 0.0  # bytes held per micro-batch in flight
+    overhead: float = 0.0  # seconds the runtime adds to each of the chunk's actions
 
 
 @dataclass(frozen=True)
@@ -60,10 +62,10 @@ class Timeline:
 
 def duration(action: Action, chunk: ChunkCost) -> float:
     if action.kind == "F":
-        return chunk.forward
+        return chunk.forward + chunk.overhead
     if action.kind == "B":
-        return chunk.backward
-    return chunk.weight if action.kind == "W" else chunk.backward - chunk.weight
+        return chunk.backward + chunk.overhead
+    return (chunk.weight if action.kind == "W" else chunk.backward - chunk.weight) + chunk.overhead
 
 
 def simulate(orders: Sequence[Sequence[Action]], placement: Sequence[int], chunks: Sequence[ChunkCost]) -> Timeline:

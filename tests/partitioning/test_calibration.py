@@ -85,11 +85,15 @@ def test_calibrate_on_this_machine_then_plan_from_it(tmp_path: Path, capsys: pyt
     calibration = Calibration.from_json(saved.read_text())
     assert calibration.backend == "gloo" and calibration.threads == 1 and calibration.bandwidth > 0
     assert all(b["seconds"] > 0 for b in calibration.blocks if b["flops"])
+    # the runtime's own terms, measured (a message's latency, an action's overhead: well under a second)
+    assert 0 < calibration.latency < 1 and 0 < calibration.action_overhead < 1 and calibration.update_rate > 0
+    assert "us per action" in out
     plan_file = tmp_path / "plan.json"
     assert main(base + ["--stages", "2", "--calibration", str(saved), "--output", str(plan_file)]) == 0
     assert "calibrated on cpu" in capsys.readouterr().out
     plan = Plan.from_json(plan_file.read_text())
     assert plan.settings["measured"] and plan.settings["bandwidth"] == calibration.bandwidth
+    assert plan.settings["action_overhead"] == calibration.action_overhead and "rank_tied_sync" in plan.prediction
     seconds = {b["name"]: b["seconds"] for b in calibration.blocks}
     for block in plan.blocks:  # the calibrated shape: every block keeps its measured time (summed per layer)
         assert block.seconds == pytest.approx(sum(s for n, s in seconds.items()

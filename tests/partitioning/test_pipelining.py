@@ -65,8 +65,10 @@ def assert_equal_to_reference(records: dict[str, list[dict]], expected: dict[str
             for chunk, keys in record["replayed"].items():
                 assert keys == record["planned"][chunk], case  # the backend does what the plan says
                 assert sorted(key.split(":")[0] for key in keys) == sorted(replayed.get(int(chunk), [])), case
-            # a replayed value is never received: no stage input has a position bias's shape
-            keys = [key for chunk_keys in record["replayed"].values() for key in chunk_keys]
+            # a replayed value is never received: no stage input has a position bias's shape (masks left out: the
+            # decoder's inverted encoder mask has the shape of the encoder's extended mask a chunk may rebuild)
+            keys = [key for chunk_keys in record["replayed"].values() for key in chunk_keys
+                    if "Attention" in key.split(":")[0]]
             biases = {tuple(int(n) for n in key.split("[")[1].rstrip("]").split(", ")) for key in keys}
             assert not biases & {tuple(shape) for shape in record["received"]}, case
         held: dict[str, list[int]] = {}

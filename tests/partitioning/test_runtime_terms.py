@@ -1,0 +1,104 @@
+"""The runtime's own costs in the model: per-action overhead, message latency, tied-gradient sum, optimizer step.
+
+And ``--schedule auto`` choosing the micro-batch count: only with those terms (without them more, smaller
+micro-batches always predict better), where a per-action overhead makes fewer micro-batches win.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from partitioning.cost.calibration import Calibration
+from partitioning.plan import Block
+from partitioning.solve.auto import micro_batch_counts
+from partitioning.solve.chunks import after_last_action, predict
+from partitioning.solve.costs import ChainCosts, Settings
+from partitioning.solve.partition import partition
+from partitioning.solve.report import format_plan
+from partitioning.solve.schedules import orders
+from partitioning.solve.simulate import ChunkCost, simulate
+
+MODEL = {"micro_batch": {"batch": 4, "lengths": {"seq": 8}}}
+
+
+def chain(flops: list[float], shared: dict[int, tuple[str, ...]] | None = None) -> list[Block]:
+    return [Block(f"b{i}", (f"m{i}",), f, 10, 0, 0, shared=(shared or {}).get(i, ())) for i, f in enumerate(flops)]
+
+
+def settings(schedule: str, micro: int, **more: object) -> Settings:
+    return Settings(**{"device_flops": 1.0, "bandwidth": 1e30, "micro_batches": micro, "schedule": schedule,
+                       **more})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("m", [1, 4, 7])
+def test_every_action_pays_the_overhead_and_1f1b_stays_textbook(m: int) -> None:
+    # uniform chunks, forward f, backward b, overhead o per action: (m + p - 1) (f + b + 2 o)
+    p, f, b, o = 3, 1.0, 2.0, 0.25
+    timeline = simulate(orders("1f1b", p, 1, m), range(p), [ChunkCost(f, b, overhead=o)] * p)
+    assert timeline.step_time == pytest.approx((m + p - 1) * (f + b + 2 * o))
+    assert timeline.busy == pytest.approx([m * (f + b + 2 * o)] * p)
+
+
+def test_latency_delays_each_message_and_the_tail_follows_the_pipeline() -> None:
+    blocks = chain([1.0] * 4)
+    plain = predict(ChainCosts(blocks, settings("1f1b", 2)), [(0, 1), (2, 3)], 2)
+    costs = ChainCosts(blocks, settings("1f1b", 2, latency=0.5, update_rate=0.1))
+    timed = predict(costs, [(0, 1), (2, 3)], 2)
+    # 1F1B on 2 ranks, m = 2: the activation of micro-batch 0 and the gradient of micro-batch 1 are on the
+    # critical path, one latency each
+    assert timed.timeline.step_time == pytest.approx(plain.timeline.step_time + 2 * 0.5)
+    assert timed.update == pytest.approx((2.0, 2.0))  # 20 parameter bytes per rank at 0.1 s per byte
+    assert timed.tied_sync == (0.0, 0.0)
+    assert timed.step_time == pytest.approx(timed.timeline.step_time + 2.0)
+    assert plain.step_time == plain.timeline.step_time and "rank_tied_sync" not in plain.to_dict()
+
+
+def test_the_ordered_tied_sum_moves_every_use_of_every_micro_batch() -> None:
+    # an embedding (block 0) tied to a head (block 3): 100 bytes, one use on each of the 2 ranks, m = 3
+    blocks = chain([1.0] * 4, shared={0: ("emb",), 3: ("emb",)})
+    each = settings("1f1b", 3, bandwidth=10.0, memory_bandwidth=100.0, latency=0.01, update_rate=1e-9)
+    costs = ChainCosts(blocks, each, {"emb": 100})
+    tied, _ = after_last_action(costs, [(0, 1), (2, 3)], [0, 1], 2)
+    # gather: (2 - 1) holders x 1 use x 3 micro-batches x 100 B at 10 B/s, 3 latencies; memory: 5 copies of 1 use
+    # x 3 micro-batches (10 x 300 B: a copy reads and writes) and 2 x 3 additions (3 x 2 x 300 B), at 100 B/s
+    assert tied == pytest.approx((30.0 + 0.03 + 48.0, 30.0 + 0.03 + 48.0))
+    alone, _ = after_last_action(costs, [(0, 3)], [0], 1)
+    one_chunk = ChainCosts(chain([1.0] * 4, shared={0: ("emb",), 1: ("emb",)}), each, {"emb": 100})
+    assert after_last_action(one_chunk, [(0, 1), (2, 3)], [0, 1], 2)[0] == (0.0, 0.0)  # one chunk holds it
+    assert alone == (0.0,)
+
+
+def test_auto_keeps_the_micro_batches_without_runtime_terms() -> None:
+    assert micro_batch_counts(settings("auto", 2), MODEL) == [2]
+    assert micro_batch_counts(settings("auto", 2, action_overhead=1.0), MODEL) == [1, 2, 4, 8]
+    plan = partition(chain([1.0] * 8), 2, settings("auto", 2), MODEL)
+    assert plan.settings["micro_batches"] == 2 and "micro_batch_counts" not in plan.prediction
+
+
+def test_auto_chooses_fewer_micro_batches_when_each_action_costs_more() -> None:
+    blocks = chain([1.0] * 8)  # per micro-batch of 4 sequences; the step: 2 micro-batches, 8 sequences
+    cheap = partition(blocks, 2, settings("auto", 2, action_overhead=1e-6), MODEL)
+    assert cheap.settings["micro_batches"] == 8 and cheap.model["micro_batch"]["batch"] == 1
+    costly = partition(blocks, 2, settings("auto", 2, action_overhead=10.0), MODEL)
+    assert costly.settings["micro_batches"] == 1 and costly.model["micro_batch"]["batch"] == 8
+    assert costly.model["micro_batch"]["lengths"] == {"seq": 8}
+    # values are named by their traced shapes: another micro-batch size sends every value
+    assert costly.settings["recompute"] is False and cheap.settings["recompute"] is False
+    rows = {row["micro_batches"]: row["step_time"] for row in costly.prediction["micro_batch_counts"]}
+    assert sorted(rows) == [1, 2, 4, 8] and min(rows, key=lambda m: rows[m]) == 1
+    assert costly.prediction["step_time"] == rows[1] < rows[8]
+    # one stage per rank, m = 1: 2 ranks in turn, 4 blocks of 2 FLOP each way (backward 2x), 2 actions of 10 s
+    assert rows[1] == pytest.approx(2 * (3 * 8.0 + 2 * 10.0))
+    assert "instead 8 micro-batches of 1" in format_plan(costly)
+
+
+def test_calibrations_without_runtime_terms_read_as_zero() -> None:
+    record = {"device": "cpu", "threads": 1, "backend": "gloo", "bandwidth": 1e9, "memory_bandwidth": 1e9,
+              "flops": 1e9, "backward_factor": 2.0, "model": {}, "format": 1}
+    old = Calibration.from_json(json.dumps(record))
+    assert (old.latency, old.action_overhead, old.update_rate) == (0.0, 0.0, 0.0)
+    assert not old.settings(Settings()).runtime_terms
+    new = Calibration.from_json(json.dumps({**record, "latency": 1e-4, "action_overhead": 5e-5, "update_rate": 1e-9}))
+    assert new.settings(Settings()).action_overhead == 5e-5 and new.settings(Settings()).runtime_terms
