@@ -61,6 +61,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 from transformers.models.auto import AutoModel, AutoModelForCausalLM
 from transformers.models.gemma3.configuration_gemma3 import Gemma3Config, Gemma3TextConfig
 import stateless
+import stateless.autocast
 import stateless.scaled_embeddings
 from stateless import finfo, is_None, is_not_None, setitem
 
@@ -145,7 +146,7 @@ class Gemma3RotaryEmbedding(nn.Module):
         position_ids_expanded = position_ids[:, None, :].float()
 
         device_type = x.device.type if isinstance(x.device.type, str) and x.device.type != "mps" else "cpu"
-        with torch.autocast(device_type=device_type, enabled=False):  # Force float32
+        with stateless.autocast.maybe_autocast(device_type=device_type, enabled=False):  # Force float32
             freqs = (inv_freq_expanded.float() @ position_ids_expanded.float()).transpose(1, 2)
             emb = torch.cat((freqs, freqs), dim=-1)
             cos = emb.cos() * self.attention_scaling
