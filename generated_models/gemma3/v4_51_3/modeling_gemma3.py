@@ -7,8 +7,8 @@
 # specialized: self.gradient_checkpointing -> False (gradient checkpointing specialized off: pipelines recompute per stage)
 # specialized: self.config._attn_implementation -> "eager" (eager attention: what stock computes with attn_implementation='eager')
 # specialized: sequence_length != 1 -> True (without a cache, arange(target) > cache_position zeroes what triu zeroes: both branches give one mask)
-# specialized: attention_mask[:, :, :, offset : offset + effective_seq_len] -> attention_mask (without a cache a sliding layer's cut keeps its whole mask)
 # specialized: self.attention_dropout if self.training else 0.0 -> self.attention_dropout (the rate only matters in training, where it is self.attention_dropout: a traced graph keeps it for .train())
+# specialized: attention_mask[:, :, :, offset : offset + effective_seq_len] -> attention_mask (without a cache a sliding layer's cut keeps its whole mask)
 # regenerate: convert-model gemma3 --version 4.51.3
 
 #                🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨
