@@ -19,13 +19,10 @@ the benchmarks read (docs/families.md has the full schema and examples):
 * ``[shapes]``: named model sizes (config keyword arguments, with values common
   to all of them) and the default one.
 
-A target's own section (``[ipu]``: :mod:`partitioning.ipu.section`) is kept
-as the recipe gives it, in :attr:`FamilyDefinition.sections`, for the target
-to read.  Shared weights are not restated here: :func:`parse_definition` reads
-them off the recipe's own ``shared_weight`` step.  Every key is checked at
-load (:mod:`families.sections` is the schema): a misspelled or mistyped one is
-a one-line :class:`UserError` naming the file and the key.  It imports no
-torch: the converter reads it before any model code is loaded.
+A target's own section (``[ipu]``: :mod:`partitioning.ipu.section`) is kept as the recipe gives it, in
+:attr:`FamilyDefinition.sections`, for the target to read.  Shared weights are read off the recipe's own
+``shared_weight`` step.  Every key is checked at load (:mod:`families.sections`): a misspelled or mistyped
+one is a one-line :class:`UserError` naming the file and key.  No torch: the converter reads it first.
 """
 
 from __future__ import annotations
@@ -39,6 +36,7 @@ from common.schema import OptionError, convert, fail, parse_options, read
 from families.limits import LimitsSection
 from families.sections import (
     BATCH,
+    AbsentEntry,
     ArgumentName,
     ConfigFlag,
     DefinitionDocument,
@@ -47,6 +45,7 @@ from families.sections import (
     ModulePaths,
     ParameterName,
     PipelineSection,
+    PlanEntry,
 )
 
 __all__ = ["BATCH", "LOSS", "ChainEntry", "ClassInfo", "FamilyDefinition", "InputSpec", "SharedWeight",
@@ -166,10 +165,11 @@ class FamilyDefinition:
     # The targets' own sections, as the recipe gives them (TARGET_SECTIONS), and the recipe they come from.
     sections: Mapping[str, Any] = field(default_factory=dict)
     origin: str = ""
-    # "pp_plan": the chain is read off a release's classes (families/pp_plan.py, by ModelFamily), with
-    # these sub-layers in each layer list; until then ``chain`` is empty.
+    # "pp_plan": the chain (empty until then) is read off a release's classes or chain_plans (families/pp_plan.py).
     chain_from: str | None = None
     chain_sublayers: tuple[tuple[str, ...], ...] = ()
+    chain_plans: tuple[PlanEntry, ...] = ()
+    absent_keys: tuple[AbsentEntry, ...] = ()  # shape keys older releases' configs lack ([[shapes.absent]])
 
     def __post_init__(self) -> None:
         if not self.verify_shape:
@@ -240,7 +240,8 @@ def parse_definition(data: Mapping[str, Any], origin: str) -> FamilyDefinition |
                             _chain(document.pipeline), shapes, shapes_section.default,
                             _shared_weights(where, data.get("transforms", []), classes),
                             shapes_section.verify or shapes_section.default, document.model.limits, targets, origin,
-                            document.pipeline.chain, document.pipeline.sublayers or ())
+                            document.pipeline.chain, document.pipeline.sublayers or (), document.pipeline.plans,
+                            shapes_section.absent)
 
 
 def _classes(document: DefinitionDocument) -> dict[str, ClassInfo]:

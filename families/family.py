@@ -24,7 +24,7 @@ from families.definition import ClassInfo, FamilyDefinition, InputSpec
 from families.layout import converted_in, default_root, generated_package, models_root, mount, root_package, version_dir
 from families.models import MicroBatch, accepted, build_model, import_class, make_inputs
 from families.registry import definition, definitions
-from families.shapes import check_config_values, config_class, config_file_kwargs, make_config, unknown_keys
+from families.shapes import check_config_values, config_class, config_file_kwargs, make_config, shape_kwargs
 
 __all__ = ["ModelFamily", "definition", "definitions"]
 
@@ -140,8 +140,9 @@ class ModelFamily:
         recipe = self.definition
         classes = {name: self.model_class(name) for name in recipe.classes}
         model = self.build(recipe.default_class, self.config(recipe.verify_shape))
+        stand_in = next((plan for plan in recipe.chain_plans if plan.covers(self.version)), None)
         chain = pp_plan.read_chain(config_class(recipe.config_path), classes, model,
-                                   recipe.classes[recipe.default_class].base, recipe.chain_sublayers)
+                                   recipe.classes[recipe.default_class].base, recipe.chain_sublayers, stand_in)
         for name, cls in classes.items():
             built = model if name == recipe.default_class else None
             if built is None and isinstance(getattr(cls, "_tied_weights_keys", None), list):
@@ -179,8 +180,7 @@ class ModelFamily:
         shape = shape or self.definition.default_shape
         if shape not in self.definition.shapes:
             raise UserError(f"unknown shape {shape!r}; known: {', '.join(self.definition.shapes)}")
-        kwargs = self.definition.shapes[shape]
-        unknown = unknown_keys(self.definition.config_path, kwargs)
+        kwargs, unknown = shape_kwargs(self.definition, shape, self.version)
         if unknown:
             raise UserError(f"shape {shape} of the {self.name} recipe sets {unknown[0]!r}, which "
                             f"{self.definition.config_class} does not have")

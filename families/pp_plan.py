@@ -18,6 +18,7 @@ from torch import nn
 
 from common.errors import UserError
 from families.definition import ChainEntry, ClassInfo, SharedWeight
+from families.sections import PlanEntry
 
 PP_PLAN = "pp_plan"  # the recipe's [pipeline] chain value
 
@@ -31,19 +32,27 @@ def _names(plan: Any, owner: str) -> tuple[str, ...]:
 
 
 def read_chain(config_class: type, classes: Mapping[str, type], model: nn.Module, base: str,
-               sublayers: Sequence[tuple[str, ...]] = ()) -> tuple[ChainEntry, ...]:
+               sublayers: Sequence[tuple[str, ...]] = (), stand_in: PlanEntry | None = None
+               ) -> tuple[ChainEntry, ...]:
     """The chain: ``config_class.base_model_pp_plan`` (paths in the base model), then every class's ``_pp_plan``.
 
     ``model`` is one of the classes built (on meta), its base model at ``base``: a plan entry that is a
     ``ModuleList`` there becomes a layer list (one block per item, with ``sublayers``), any other a block
     of that one module.  Class entries are the union over ``classes`` in their order (a block applies to
-    a class that has its module).
+    a class that has its module).  ``stand_in``: the recipe's plan for a release whose classes declare
+    none (``[[pipeline.plans]]``); a release declaring its own is read, and the recipe's range corrected.
     """
     owner = f"{config_class.__name__}.base_model_pp_plan"
     names = _names(getattr(config_class, "base_model_pp_plan", None), owner)
+    if names and stand_in is not None:
+        raise UserError(f"{config_class.__module__}.{config_class.__name__} declares a base_model_pp_plan: the "
+                        f"recipe's [[pipeline.plans]] for {stand_in.versions!r} must not cover this release")
+    if stand_in is not None:
+        names, owner = stand_in.base, f"the recipe's [[pipeline.plans]] for {stand_in.versions!r}"
     if not names:
         raise UserError(f"{config_class.__module__}.{config_class.__name__} declares no base_model_pp_plan: "
-                        f"the recipe's [pipeline] chain = \"{PP_PLAN}\" has nothing to read (list [[pipeline.blocks]])")
+                        f"the recipe's [pipeline] chain = \"{PP_PLAN}\" has nothing to read (list [[pipeline.blocks]], "
+                        f"or [[pipeline.plans]] for this release)")
     chain = []
     for name in names:
         path = f"{base}.{name}" if base else name
@@ -53,8 +62,10 @@ def read_chain(config_class: type, classes: Mapping[str, type], model: nn.Module
             raise UserError(f"{owner} names {name!r}, which {type(model).__name__} has not at {path}") from None
         chain.append(ChainEntry(layers=name, sublayers=tuple(sublayers)) if isinstance(module, nn.ModuleList)
                      else ChainEntry(name=name, modules=(name,)))
-    for class_name, cls in classes.items():
-        for name in _names(getattr(cls, "_pp_plan", None), f"{class_name}._pp_plan"):
+    heads = [(name,) for name in stand_in.heads] if stand_in is not None else [
+        _names(getattr(cls, "_pp_plan", None), f"{class_name}._pp_plan") for class_name, cls in classes.items()]
+    for declared in heads:
+        for name in declared:
             if not any(entry.root and entry.name == name for entry in chain):
                 chain.append(ChainEntry(name=name, modules=(name,), root=True))
     return tuple(chain)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from common.schema import NON_EMPTY, Check, OptionError, PositiveInt, pattern
+from common.versions import VersionError, VersionRange
 from families.limits import LimitsSection
 
 BATCH = "batch"  # the batch dimension in an input's shape
@@ -113,6 +114,48 @@ class BlockEntry:
                                   sep=" ")
 
 
+def _is_range(text: str) -> bool:
+    try:
+        VersionRange.parse(text)
+    except VersionError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    """The pipeline plan of releases whose classes declare none (``chain = "pp_plan"``), as later ones declare it.
+
+    ``base`` stands for the config class's ``base_model_pp_plan`` (the base model's modules in order),
+    ``heads`` for the task classes' ``_pp_plan`` (modules of a class itself, after the base model's).
+    """
+
+    versions: Annotated[str, Check("a release range such as \"<4.47\"", _is_range)]
+    base: ModulePaths
+    heads: tuple[ModulePath, ...] = ()
+
+    def covers(self, release: str) -> bool:
+        return release in VersionRange.parse(self.versions)
+
+
+@dataclass(frozen=True)
+class AbsentEntry:
+    """Shape keys that the config class of a range of releases does not take yet, and what its model does instead.
+
+    ``equal``: the model acts as if the key had this value (a bias it does not have: false); ``quotient``:
+    it derives the key as ``numerator // denominator`` (``head_dim`` from ``hidden_size`` and the heads).
+    A shape whose value agrees is built without the key; one that disagrees is refused.
+    """
+
+    versions: Annotated[str, Check("a release range such as \"<4.47\"", _is_range)]
+    equal: ConfigValues = field(default_factory=dict)
+    quotient: dict[Name, Annotated[tuple[Name, Name], Check("[numerator, denominator]", lambda p: len(p) == 2)]] = \
+        field(default_factory=dict)
+
+    def covers(self, release: str) -> bool:
+        return release in VersionRange.parse(self.versions)
+
+
 _LengthName = Annotated[str, pattern(_LENGTH, "lowercase letters and digits")]
 # A length name becomes partition-model's --NAME-len; "seq" would clash with its --seq-len NAME=N.
 _RESERVED_LENGTHS = (BATCH, "seq")
@@ -127,8 +170,11 @@ class PipelineSection:
     # the sub-layers of each layer list it names (as a layer list's sublayers).
     chain: Literal["pp_plan"] | None = None
     sublayers: Annotated[tuple[ModulePaths, ...], Check("a list of module lists")] | None = None
+    plans: tuple[PlanEntry, ...] = ()  # for chain = "pp_plan": the plan of releases whose classes declare none
 
     def __post_init__(self) -> None:
+        if self.plans and self.chain is None:
+            raise OptionError("plans", "is only for chain = \"pp_plan\" (the blocks are the chain)", sep=" ")
         if (self.chain is None) == (not self.blocks):
             raise OptionError("blocks", "give the block chain as [[pipeline.blocks]] or read it with chain = "
                                         "\"pp_plan\", one of them")
@@ -160,6 +206,7 @@ class ShapesSection:
     named: dict[str, ConfigValues]
     verify: str | None = None
     common: ConfigValues = field(default_factory=dict)
+    absent: tuple[AbsentEntry, ...] = ()  # keys older releases' configs lack (AbsentEntry)
 
     def __post_init__(self) -> None:
         for key in ("default", "verify"):

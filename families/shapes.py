@@ -80,6 +80,32 @@ def make_config(path: str, kwargs: Mapping[str, Any]) -> Any:
 TOKEN_IDS = frozenset({"pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "decoder_start_token_id"})
 
 
+def shape_kwargs(definition: Any, shape: str, release: str) -> tuple[dict[str, Any], list[str]]:
+    """A named shape's config keywords for ``release`` and the keys its config class does not know.
+
+    Keys a ``[[shapes.absent]]`` entry of the recipe covers for ``release`` are left out, each checked
+    against what that release's model does instead (a ``UserError`` if the shape disagrees).
+    """
+    kwargs, config = definition.shapes[shape], definition.config_class
+    kept, left = dict(kwargs), []
+    for key in unknown_keys(definition.config_path, kwargs):
+        entry = next((e for e in definition.absent_keys if e.covers(release) and (key in e.equal or key in e.quotient)),
+                     None)
+        if entry is None:
+            left.append(key)
+            continue
+        if key in entry.equal:
+            expected, how = entry.equal[key], "acts as"
+        else:
+            numerator, denominator = entry.quotient[key]
+            expected, how = kwargs[numerator] // kwargs[denominator], f"derives {numerator} // {denominator} ="
+        if kwargs[key] != expected:
+            raise UserError(f"shape {shape} sets {key} = {kwargs[key]!r}, but the {config} of release {release} has "
+                            f"no {key} and its model {how} {expected!r}")
+        del kept[key]
+    return kept, left
+
+
 def unknown_keys(path: str, kwargs: Mapping[str, Any]) -> list[str]:
     """Keys a config class does not know (HF configs keep any keyword as an attribute, so a typo is silent)."""
     default = config_class(path)()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from conftest import load_script
@@ -19,6 +20,8 @@ from common.errors import UserError
 from families import pp_plan
 from families.definition import ChainEntry, ClassInfo, SharedWeight
 from families.registry import definitions
+from families.sections import AbsentEntry, PlanEntry
+from families.shapes import shape_kwargs
 
 installer = load_script("install_releases")
 
@@ -105,3 +108,40 @@ def test_partition_model_plans_llama_on_meta_and_refuses_ipu(tmp_path) -> None: 
     assert refused.returncode == 2 and refused.stdout == ""
     assert refused.stderr.splitlines() == [refused.stderr.strip()] and \
         refused.stderr.startswith("partition-model: error: IPU is not supported for the llama family")
+
+
+def test_a_release_declaring_no_plan_reads_the_recipes_and_one_declaring_its_own_refuses_it() -> None:
+    stand_in = PlanEntry(versions="<4.47", base=("embed_tokens", "layers", "norm"), heads=("lm_head",))
+    chain = pp_plan.read_chain(object, {"ToyForCausalLM": nn.Module}, ToyForCausalLM(), "model", (("0",),), stand_in)
+    assert chain == pp_plan.read_chain(ToyConfig, {"ToyModel": ToyModel, "ToyForCausalLM": ToyForCausalLM},
+                                       ToyForCausalLM(), "model", (("0",),))
+    with pytest.raises(UserError, match=r"declares a base_model_pp_plan: the recipe's \[\[pipeline.plans\]\] for "
+                                        "'<4.47' must not cover this release"):
+        pp_plan.read_chain(ToyConfig, {}, ToyForCausalLM(), "model", (), stand_in)
+    assert stand_in.covers("4.46.3") and not stand_in.covers("4.51.3")
+
+
+def test_shape_keys_an_older_config_lacks_are_left_out_only_where_its_model_agrees() -> None:
+    # argparse.Namespace() has no attributes: every key is one the "config class" lacks.
+    absent = (AbsentEntry(versions="<4.47", equal={"mlp_bias": False}, quotient={"head_dim": ("hidden", "heads")}),)
+    definition = SimpleNamespace(config_class="Namespace", config_path="argparse.Namespace", absent_keys=absent,
+                                 shapes={"ok": {"hidden": 8, "heads": 2, "head_dim": 4, "mlp_bias": False},
+                                         "wide": {"hidden": 8, "heads": 2, "head_dim": 8}})
+    assert shape_kwargs(definition, "ok", "4.40.2") == ({"hidden": 8, "heads": 2}, ["hidden", "heads"])
+    assert shape_kwargs(definition, "ok", "4.51.3")[1] == ["hidden", "heads", "head_dim", "mlp_bias"]
+    with pytest.raises(UserError, match="shape wide sets head_dim = 8, but the Namespace of release 4.40.2 has no "
+                                        r"head_dim and its model derives hidden // heads = 4"):
+        shape_kwargs(definition, "wide", "4.40.2")
+
+
+@pytest.mark.parametrize(("family", "release"), [("llama", "4.40.2"), ("qwen2", "4.46.3")])
+def test_partition_model_plans_releases_declaring_no_plan(family: str, release: str, tmp_path) -> None:  # noqa: ANN001
+    """4.40/4.46 declare no pp_plan: the LLM base's [[pipeline.plans]] stands in; head_dim/mlp_bias are left out."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(installer.install_dir(release)), str(REPO)])}
+    planned = subprocess.run([sys.executable, "-m", "partitioning.cli", family, "--version", release, "--stages", "4",
+                              "--output", "plan.json"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=300)
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    assert "embed_tokens .. " in planned.stdout and ".. lm_head" in planned.stdout
+    assert "recomputed, not sent: model:float32[8, 1, 2048, 2048]" in planned.stdout  # the causal mask
+    assert (tmp_path / "plan.json").is_file()

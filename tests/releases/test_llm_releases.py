@@ -43,7 +43,7 @@ def failures(record: dict) -> list[str]:
 def test_the_committed_releases_are_found() -> None:
     assert "llama" in COMMITTED.get("5.23.0", []) and "llama" in COMMITTED.get("4.57.6", [])
     # Before masking_utils (4.53): the models build their own causal mask.
-    assert {"llama", "qwen2", "qwen3", "mistral"} <= set(COMMITTED.get("4.51.3", []))
+    assert {"llama", "qwen2", "qwen3", "mistral", "gemma3"} <= set(COMMITTED.get("4.51.3", []))
     assert {"llama", "qwen2", "mistral"} <= set(COMMITTED.get("4.46.3", []))  # Qwen3 is 4.51 on
     assert {"llama", "qwen2", "mistral"} <= set(COMMITTED.get("4.40.2", []))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import os
 import sys
@@ -36,6 +37,7 @@ def without_dropout(cfg: object) -> object:
     return cfg
 
 
+@functools.cache
 def family_of(name: str) -> Family:
     """A 4.5.1 family of model_families.py, or NAME@RELEASE: an LLM at the release this process imports."""
     if "@" in name:
@@ -46,7 +48,7 @@ def family_of(name: str) -> Family:
 
 
 def run_case(family: Family, case: str, out: Path) -> None:
-    config_name, schedule, chunks, split, *options = case.split(":")
+    config_name, schedule, chunks, split, *options = case.rpartition("/")[2].split(":")
     tied_sum = "allreduce" if "allreduce" in options else "ordered"
     micro_batches = int(chunks)
     # ordered: bit-equal to the reference; allreduce: equal up to the order of the float sum; reordered: the
@@ -130,7 +132,8 @@ def run_case(family: Family, case: str, out: Path) -> None:
               "planned": {c: sorted(plan.stages[c].recompute) for c in run.chunks},
               "received": [list(n.meta["val"].shape) for module in run.chunk_modules for n in module.graph.nodes
                            if n.op == "placeholder"]}
-    (out / f"{family.name}_{case.replace(':', '_').replace(',', '+')}.rank{rank}.json").write_text(json.dumps(record))
+    file = "".join("_" if c in ":/@" else "+" if c == "," else c for c in case)
+    (out / f"{family.name}_{file}.rank{rank}.json").write_text(json.dumps(record))
 
 
 def main() -> int:
@@ -138,14 +141,15 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--family", default="t5", help="a family of model_families.py, or an LLM as NAME@RELEASE")
     parser.add_argument("cases", nargs="+",
-                        help="config:schedule:micro-batches:split[:allreduce][:send][:reordered], split = 'optimal' or the "
-                             "comma-separated first blocks of stages (chunks) 1, 2, ...; send: plan without "
-                             "recomputation")
+                        help="[NAME@RELEASE/]config:schedule:micro-batches:split[:allreduce][:send][:reordered], "
+                             "split = 'optimal' or the comma-separated first blocks of stages (chunks) 1, 2, ...; "
+                             "send: plan without recomputation; an LLM prefix runs that family instead of --family "
+                             "(one launch, several families of the release this process imports)")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     try:
         for case in args.cases:
-            run_case(family_of(args.family), case, args.out)
+            run_case(family_of(case.rpartition("/")[0] or args.family), case, args.out)
     finally:
         dist.destroy_process_group()
     return 0

@@ -65,6 +65,7 @@ from transformers.utils import (
 )
 from transformers.models.mistral.configuration_mistral import MistralConfig
 import stateless
+import stateless.autocast
 from stateless import finfo, is_None, is_not_None, setitem
 
 torch.fx.wrap("finfo")
@@ -121,7 +122,7 @@ class MistralRotaryEmbedding(nn.Module):
         # See https://github.com/huggingface/transformers/pull/29285
         device_type = x.device.type
         device_type = device_type if isinstance(device_type, str) and device_type != "mps" else "cpu"
-        with torch.autocast(device_type=device_type, enabled=False):
+        with stateless.autocast.maybe_autocast(device_type=device_type, enabled=False):
             freqs = (inv_freq_expanded.float() @ position_ids_expanded.float()).transpose(1, 2)
             emb = torch.cat((freqs, freqs), dim=-1)
             cos = emb.cos()
