@@ -16,6 +16,7 @@ from common.errors import UserError
 from common.schema import OptionError
 from converter import verify
 from converter.fetch import SourceFile
+from converter.imports import remove_imports
 from converter.recipes import Recipe, TransformStep
 from families.layout import version_dir
 from transforms import REGISTRY
@@ -84,7 +85,7 @@ def transform_steps(tree: cst.Module, recipe: Recipe, supports: dict[str, Source
     if AddImportsVisitor.CONTEXT_KEY in context.scratch:
         tree = add_imports(tree, context)
     if RemoveImportsVisitor.CONTEXT_KEY in context.scratch:
-        tree = RemoveImportsVisitor(context).transform_module(tree)
+        tree = remove_imports(tree, context)
     for warning in context.warnings if report else ():
         log.warning("%s", warning)
     if notes is not None:
