@@ -75,8 +75,12 @@ class Transform(FastDispatch, VisitorBasedCodemodCommand):
         self._focus: set[int] | None = None
         self._targets: set[int] = set()
         self._inside = 0
-        # Without matcher decorators, libcst's matcher bookkeeping per node decides nothing.
-        self._plain = not (self._extra_visit_funcs or self._extra_leave_funcs or self._matchers)
+        # Without matcher decorators, libcst's matcher bookkeeping per node decides nothing.  Decorators
+        # are on methods, so one answer per class.
+        plain = _PLAIN.get(type(self))
+        if plain is None:
+            plain = _PLAIN[type(self)] = not (self._extra_visit_funcs or self._extra_leave_funcs or self._matchers)
+        self._plain = plain
 
     def note(self, line: str) -> None:
         """Say in the generated file's header what this step specialized or assumed (one line, once)."""
@@ -188,6 +192,7 @@ class Transform(FastDispatch, VisitorBasedCodemodCommand):
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {}
+_PLAIN: dict[type, bool] = {}
 
 
 def _same_children(original: cst.CSTNode, updated: cst.CSTNode) -> bool:
