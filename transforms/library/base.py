@@ -66,7 +66,15 @@ class Transform(FastDispatch, VisitorBasedCodemodCommand):
     Options: ClassVar[type[Any]] = NoOptions
 
     def __init__(self, context: CodemodContext, options: Any = None, /, **values: Any) -> None:
-        super().__init__(context)
+        if _PLAIN.get(type(self)):
+            # What libcst's set-up leaves in a class without matcher decorators (found so by the first
+            # instance), without its three scans of the class's thousand-odd attributes per instance.
+            Codemod.__init__(self, context)
+            self._matchers = {}
+            self._extra_visit_funcs = {}
+            self._extra_leave_funcs = {}
+        else:
+            super().__init__(context)
         if options is None:
             options = parse_options(self.Options, values)
         elif values or not isinstance(options, self.Options):
