@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import libcst as cst
 import libcst.matchers as m
+import pytest
 from libcst.codemod import CodemodContext
 
 from transforms.library.base import Transform
@@ -72,3 +73,10 @@ def test_matcher_decorators_keep_libcst_dispatch() -> None:
     assert not transform._plain
     assert transform.transform_module(cst.parse_module(BEFORE)).code == "x = f(a, g(b))\nH(C)\n"
     assert InsideCalls(CodemodContext()).transform_module(cst.parse_module("h(a)\n")).code == "H(A)\n"  # a second instance too
+
+
+def test_a_hook_replaced_after_use_is_the_one_called(monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = cst.parse_module(BEFORE)
+    assert TableTransform(CodemodContext()).transform_module(tree).code == "X = F(A, g(b))\nH(C)\n"
+    monkeypatch.setattr(TableTransform, "leave_Name", lambda self, original, updated: updated.with_changes(value="n"))
+    assert TableTransform(CodemodContext()).transform_module(tree).code == "n = n(n, g(b))\nn(n)\n"

@@ -14,28 +14,27 @@ an attribute stub does nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import libcst as cst
 
-_Hook = Callable[..., Any] | None
-_TABLES: dict[type, dict[Any, _Hook]] = {}
+_TABLES: dict[type, dict[Any, str | None]] = {}
 
 
-def _hook(cls: type, name: str) -> _Hook:
-    function = getattr(cls, name, None)
-    return None if function is None or getattr(function, "_is_no_op", False) else function
+def _lookup(cls: type, key: Any) -> str | None:
+    """The name of ``cls``'s hook for ``key``, None where there is only a libcst stub.
 
-
-def _lookup(cls: type, key: Any) -> _Hook:
+    The name, not the function: a hook replaced on the class later (a test patching a
+    transform) is still the one called.
+    """
     table = _TABLES.get(cls)
     if table is None:
         table = _TABLES[cls] = {}
     if key not in table:
         kind, node_type, attribute = key
         name = f"{kind}_{node_type.__name__}" + (f"_{attribute}" if attribute else "")
-        table[key] = _hook(cls, name)
+        function = getattr(cls, name, None)
+        table[key] = None if function is None or getattr(function, "_is_no_op", False) else name
     return table[key]
 
 
@@ -48,11 +47,11 @@ class FastDispatch:
 
     def _dispatch_visit(self, node: cst.CSTNode) -> bool:
         hook = _lookup(type(self), ("visit", type(node), None))
-        return hook is None or hook(self, node) is not False
+        return hook is None or getattr(self, hook)(node) is not False
 
     def _dispatch_leave(self, original_node: Any, updated_node: Any) -> Any:
         hook = _lookup(type(self), ("leave", type(original_node), None))
-        return updated_node if hook is None else hook(self, original_node, updated_node)
+        return updated_node if hook is None else getattr(self, hook)(original_node, updated_node)
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         return self._dispatch_visit(node)
@@ -63,9 +62,9 @@ class FastDispatch:
     def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
         hook = _lookup(type(self), ("visit", type(node), attribute))
         if hook is not None:
-            hook(self, node)
+            getattr(self, hook)(node)
 
     def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
         hook = _lookup(type(self), ("leave", type(original_node), attribute))
         if hook is not None:
-            hook(self, original_node)
+            getattr(self, hook)(original_node)
