@@ -11,7 +11,7 @@ from pathlib import Path, PurePosixPath
 
 from common import __version__
 from common.atomic import recover, write_all_atomic
-from common.cli import Parser, nonempty_path, run
+from common.cli import Parser, nonempty_path, positive_int, run
 from common.errors import UserError
 from common.versions import Release
 from converter import checks, output
@@ -45,6 +45,11 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--check", action="store_true", help="exit 1 and print a diff if the files on disk differ")
     mode.add_argument("--diff", action="store_true", help="print the original -> generated diff, write nothing")
     mode.add_argument("--list", action="store_true", help="list families and the versions known to work")
+    mode.add_argument("--check-all", action="store_true",
+                      help="check every package under the output directory against its pinned release; exit 1 "
+                           "naming each stale one")
+    parser.add_argument("--jobs", type=positive_int,
+                        help="--check-all: processes checking releases in parallel (default: one per CPU)")
     check = parser.add_mutually_exclusive_group()
     check.add_argument("--verify", dest="trace", action="store_const", const="always", default="auto",
                        help="require the fx check: build the classes from a tiny config and trace them (default: "
@@ -93,7 +98,7 @@ def _invocation(args: argparse.Namespace) -> str:
     return shlex.join(words)
 
 
-def _gather_sources(args: argparse.Namespace, recipe: Recipe) -> dict[str, SourceFile]:
+def gather_sources(args: argparse.Namespace, recipe: Recipe) -> dict[str, SourceFile]:
     local: dict[str, SourceFile] = {}
     if args.source_file:
         local[recipe.source] = read_source_file(args.source_file, recipe.source)
@@ -160,10 +165,54 @@ def _display_name(args: argparse.Namespace, recipe: Recipe) -> str:
     return f"{recipe.package}-{args.version}/{recipe.source}"
 
 
+def convert(args: argparse.Namespace, recipe: Recipe, sources: dict[str, SourceFile]) -> dict[PurePosixPath, str]:
+    """The files of the package, from ``sources`` (the recipe's files of ``args.version``)."""
+    is_release = _verify_release(recipe, args.version, sources, args.accept_unverified)
+    conversion = Conversion(recipe, args.version, sources, _regenerate_command(args, pinned_source=not is_release))
+    return render(conversion, _display_name(args, recipe))
+
+
+def _on_disk(root: Path, files: dict[PurePosixPath, str]) -> tuple[dict[PurePosixPath, str | None],
+                                                                  dict[PurePosixPath, str], list[Path]]:
+    """What is there now, what differs from ``files``, and the package's files it would not write."""
+    output.check_layout(root, files)
+    for directory in dict.fromkeys(rel.parent for rel in files):  # the root (and its journal) first
+        recover(root / directory)  # a write that died here is rolled back before we look
+    current = {rel: output.read_current(root / rel) for rel in files}
+    changed = {rel: text for rel, text in files.items() if current[rel] != text}
+    return current, changed, output.extras(root, files)
+
+
+def check(args: argparse.Namespace, files: dict[PurePosixPath, str]) -> int:
+    """``--check``: 0 when the files on disk are ``files``, else 1 with a diff on stdout and the command to run."""
+    root = args.output_dir
+    current, changed, extras = _on_disk(root, files)
+    for rel, text in changed.items():
+        old = current[rel]
+        if old is None:
+            print(f"missing: {root / rel}")
+        else:
+            sys.stdout.write(output.diff(old, text, f"{root / rel} (on disk)", f"{root / rel} (regenerated)"))
+    for path in extras:
+        print(f"extra: {path}")
+    if changed or extras:
+        log.error("%d generated file(s) out of date, %d extra file(s); run: %s", len(changed), len(extras),
+                  _invocation(args) + ("" if not extras else f" and remove {extras[0]}"))
+        return 1
+    log.info("%d generated files up to date under %s", len(files), root)
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.list:
         print(_list())
         return 0
+    if args.check_all:
+        from converter import check_all  # it imports this module
+
+        return check_all.run(args)
+    if args.jobs is not None:
+        raise UserError("--jobs goes with --check-all")
     if not args.family:
         raise UserError("a model family is required (see --list)")
     recipe = get_recipe(args.family)
@@ -177,10 +226,8 @@ def _run(args: argparse.Namespace) -> int:
             raise UserError(f"--output-dir {root} is not a directory")
         if not args.check:
             output.ensure_writable(root)
-    sources = _gather_sources(args, recipe)
-    is_release = _verify_release(recipe, args.version, sources, args.accept_unverified)
-    conversion = Conversion(recipe, args.version, sources, _regenerate_command(args, pinned_source=not is_release))
-    files = render(conversion, _display_name(args, recipe))
+    sources = gather_sources(args, recipe)
+    files = convert(args, recipe, sources)
     if not (args.check or args.diff):
         _run_checks(args, recipe, files)
 
@@ -190,29 +237,9 @@ def _run(args: argparse.Namespace) -> int:
                                      f"a/{recipe.source}", f"b/{module_path}"))
         return 0
 
-    output.check_layout(root, files)
-    for directory in dict.fromkeys(rel.parent for rel in files):  # the root (and its journal) first
-        recover(root / directory)  # a write that died here is rolled back before we look
-    current = {rel: output.read_current(root / rel) for rel in files}
-    changed = {rel: text for rel, text in files.items() if current[rel] != text}
-    extras = output.extras(root, files)
-
     if args.check:
-        for rel, text in changed.items():
-            old = current[rel]
-            if old is None:
-                print(f"missing: {root / rel}")
-            else:
-                sys.stdout.write(output.diff(old, text, f"{root / rel} (on disk)", f"{root / rel} (regenerated)"))
-        for path in extras:
-            print(f"extra: {path}")
-        if changed or extras:
-            log.error("%d generated file(s) out of date, %d extra file(s); run: %s", len(changed), len(extras),
-                      _invocation(args) + ("" if not extras else f" and remove {extras[0]}"))
-            return 1
-        log.info("%d generated files up to date under %s", len(files), root)
-        return 0
-
+        return check(args, files)
+    current, changed, extras = _on_disk(root, files)
     output.refuse_foreign(root, changed, current)
     try:
         write_all_atomic({root / rel: text.encode("utf-8") for rel, text in changed.items()}, root=root)

@@ -15,8 +15,6 @@ from conftest import load_script
 from support import REPO
 from support.llm_release_worker import CHECKS, FAMILIES, run_in_subprocess
 
-from families.layout import version_dir
-
 installer = load_script("install_releases")
 GENERATED = REPO / "generated_models"
 
@@ -60,22 +58,6 @@ def test_generated_llms_equal_stock(release: str, tmp_path: Path) -> None:
     assert not problems and code == 0, f"transformers {release}: " + "\n".join(problems[:20])
     assert sorted(record["families"]) == sorted(families)
     assert all(tuple(checks) == CHECKS for checks in record["families"].values())
-
-
-@pytest.mark.parametrize(("family", "release"), sorted((f, r) for r, fs in COMMITTED.items() for f in fs))
-def test_committed_package_is_what_the_converter_writes(family: str, release: str,
-                                                        capsys: pytest.CaptureFixture[str],
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """``convert-model FAMILY --version X --check`` from the release's own files: no drift, no warning."""
-    from converter.cli import main
-
-    assert (GENERATED / family / version_dir(release)).is_dir()
-    monkeypatch.chdir(REPO)
-    code = main([family, "--version", release, "--source-dir", str(installer.install_dir(release)), "--check",
-                 "--no-verify"])
-    captured = capsys.readouterr()
-    assert code == 0, captured.out[-3000:] + captured.err
-    assert "found nothing" not in captured.err and "unverified" not in captured.err, captured.err
 
 
 def test_the_worker_reports_a_generated_model_that_differs(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from libcst.codemod.visitors import RemoveImportsVisitor
 
 from common.schema import NoOptions, parse_options
 from transforms.analysis.scopes import ModuleIndex
+from transforms.library.dispatch import FastDispatch
 from transforms.library.positions import located
 
 # Keys of a context's scratch that the pipeline fills.
@@ -37,7 +38,7 @@ class TransformError(ValueError):
     """
 
 
-class Transform(VisitorBasedCodemodCommand):
+class Transform(FastDispatch, VisitorBasedCodemodCommand):
     """The base of every transform: typed options, one name resolver, focused passes, located warnings.
 
     ``Options`` is the transform's option schema (see :mod:`common.schema`);
@@ -58,13 +59,22 @@ class Transform(VisitorBasedCodemodCommand):
     without libcst's defensive copy of the tree: the converter owns every tree
     it passes here.  Import edits scheduled with ``AddImportsVisitor`` /
     ``RemoveImportsVisitor`` cost a full pass each; a pipeline may defer them
-    (``DEFER_IMPORT_EDITS``) and apply them all at once.
+    (``DEFER_IMPORT_EDITS``) and apply them all at once.  Hooks are found by table
+    (:mod:`transforms.library.dispatch`) unless the transform uses libcst's matcher decorators.
     """
 
     Options: ClassVar[type[Any]] = NoOptions
 
     def __init__(self, context: CodemodContext, options: Any = None, /, **values: Any) -> None:
-        super().__init__(context)
+        if _PLAIN.get(type(self)):
+            # What libcst's set-up leaves in a class without matcher decorators (found so by the first
+            # instance), without its three scans of the class's thousand-odd attributes per instance.
+            Codemod.__init__(self, context)
+            self._matchers = {}
+            self._extra_visit_funcs = {}
+            self._extra_leave_funcs = {}
+        else:
+            super().__init__(context)
         if options is None:
             options = parse_options(self.Options, values)
         elif values or not isinstance(options, self.Options):
@@ -73,6 +83,12 @@ class Transform(VisitorBasedCodemodCommand):
         self._focus: set[int] | None = None
         self._targets: set[int] = set()
         self._inside = 0
+        # Without matcher decorators, libcst's matcher bookkeeping per node decides nothing.  Decorators
+        # are on methods, so one answer per class.
+        plain = _PLAIN.get(type(self))
+        if plain is None:
+            plain = _PLAIN[type(self)] = not (self._extra_visit_funcs or self._extra_leave_funcs or self._matchers)
+        self._plain = plain
 
     def note(self, line: str) -> None:
         """Say in the generated file's header what this step specialized or assumed (one line, once)."""
@@ -139,7 +155,7 @@ class Transform(VisitorBasedCodemodCommand):
                 self._inside += 1
         elif self._inside:
             self._inside += 1
-        return super().on_visit(node)
+        return self._dispatch_visit(node) if self._plain else VisitorBasedCodemodCommand.on_visit(self, node)
 
     def on_leave(self, original_node: CSTNodeT, updated_node: CSTNodeT) -> CSTNodeT | cst.RemovalSentinel:
         if self._focus is not None:
@@ -149,7 +165,21 @@ class Transform(VisitorBasedCodemodCommand):
                 return updated_node
         if updated_node is not original_node and _same_children(original_node, updated_node):
             updated_node = original_node
-        return super().on_leave(original_node, updated_node)
+        if self._plain:
+            return self._dispatch_leave(original_node, updated_node)
+        return VisitorBasedCodemodCommand.on_leave(self, original_node, updated_node)
+
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        if self._plain:
+            FastDispatch.on_visit_attribute(self, node, attribute)
+        else:
+            VisitorBasedCodemodCommand.on_visit_attribute(self, node, attribute)
+
+    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+        if self._plain:
+            FastDispatch.on_leave_attribute(self, original_node, attribute)
+        else:
+            VisitorBasedCodemodCommand.on_leave_attribute(self, original_node, attribute)
 
     # -- metadata ----------------------------------------------------------------------------------------
     def transform_module(self, tree: cst.Module) -> cst.Module:
@@ -170,6 +200,7 @@ class Transform(VisitorBasedCodemodCommand):
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {}
+_PLAIN: dict[type, bool] = {}
 
 
 def _same_children(original: cst.CSTNode, updated: cst.CSTNode) -> bool:

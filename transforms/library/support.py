@@ -1,7 +1,7 @@
 """Copying code from a support file of the same release: what ``override_inherited`` and ``copy_definitions`` share.
 
 A support file (a recipe ``support`` member, fetched with the modeling file
-and pinned like it) is parsed once per transform; a copied method or class
+and pinned like it) is parsed once per process and text; a copied method or class
 reads names the support file binds at its top level, which the generated
 module must bind the same way.
 """
@@ -9,6 +9,7 @@ module must bind the same way.
 from __future__ import annotations
 
 import builtins
+import functools
 
 import libcst as cst
 from libcst.codemod import CodemodContext
@@ -31,8 +32,7 @@ class Support:
             raise TransformError(f"support file {source} was not fetched (list it in the recipe)")
         self.source = source
         self.module_name = source.removesuffix(".py").replace("/", ".")
-        self.tree = cst.parse_module(supports[source])
-        self.index = ModuleIndex(self.tree, self.module_name.rpartition(".")[0])
+        self.tree, self.index = _parsed(supports[source], self.module_name.rpartition(".")[0])
 
     def definition(self, name: str) -> cst.ClassDef | cst.FunctionDef | None:
         """The class or function the support file defines at top level under ``name``."""
@@ -63,6 +63,17 @@ class Support:
             AddImportsVisitor.add_needed_import(context, module, obj, name if name != obj else None)
         else:  # import a / import a.b as c
             AddImportsVisitor.add_needed_import(context, qualified, None, name if name != qualified else None)
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed(text: str, package: str) -> tuple[cst.Module, ModuleIndex]:
+    """A support file's tree and index, made once per process: every transform and family of a release reads it.
+
+    Trees are immutable and the index is only read, so conversions may share them
+    (``convert-model --check-all`` converts every family of a release in one process).
+    """
+    tree = cst.parse_module(text)
+    return tree, ModuleIndex(tree, package)
 
 
 def free_names(node: cst.FunctionDef | cst.ClassDef) -> set[str]:
