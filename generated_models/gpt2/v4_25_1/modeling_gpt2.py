@@ -5,7 +5,7 @@
 # support: transformers/pytorch_utils.py sha256 06af9debbd32cb36a1575d1e1992cd12550e281419dec05b51d547f88087f47e
 # transforms: absolute_imports, remove_classes, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, torch_assert, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, layer_past=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
-# assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; batch_size <= 0 -> False
+# assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; self.gradient_checkpointing -> False; batch_size <= 0 -> False
 # regenerate: convert-model gpt2 --version 4.25.1
 
 # coding=utf-8
@@ -732,8 +732,6 @@ class GPT2Model(GPT2PreTrainedModel):
         encoder_attention_mask: Optional[torch.FloatTensor] = None,
         shared_embedding=None,
     ) -> Union[Tuple, BaseModelOutputWithPastAndCrossAttentions]:
-        output_attentions = False
-        use_cache = False
 
         if is_not_None(input_ids) and is_not_None(inputs_embeds):
             raise ValueError("You cannot specify both input_ids and inputs_embeds at the same time")
@@ -790,12 +788,6 @@ class GPT2Model(GPT2PreTrainedModel):
         else:
             encoder_attention_mask = None
 
-        # Prepare head mask if needed
-        # 1.0 in head_mask indicate we keep the head
-        # attention_probs has shape bsz x n_heads x N x N
-        # head_mask has shape n_layer x batch x n_heads x N x N
-        head_mask = self.get_head_mask(None, self.config.n_layer)
-
         if is_None(inputs_embeds):
             inputs_embeds = stateless.call_shared(self.wte, stateless.shared_weight(self, "wte", "shared_embed_weight", shared_embedding), input_ids)
         position_embeds = self.wpe(position_ids)
@@ -813,37 +805,13 @@ class GPT2Model(GPT2PreTrainedModel):
             # Model parallel
             torch._assert(not self.model_parallel, 'model.parallelize() is not supported: pipeline stages place the model')
 
-            if self.gradient_checkpointing and self.training:
-
-                if use_cache:
-                    logger.warning(
-                        "`use_cache=True` is incompatible with gradient checkpointing. Setting `use_cache=False`..."
-                    )
-                    use_cache = False
-
-                def create_custom_forward(module):
-                    def custom_forward(*inputs):
-                        # None for past_key_value
-                        return module(*inputs, use_cache, output_attentions)
-
-                    return custom_forward
-
-                outputs = torch.utils.checkpoint.checkpoint(
-                    create_custom_forward(block),
-                    hidden_states,
-                    None,
-                    attention_mask,
-                    head_mask[i],
-                    encoder_hidden_states,
-                    encoder_attention_mask,
-                )
-            else:
-                outputs = block(
-                    hidden_states,
-                    attention_mask=attention_mask,
-                    encoder_hidden_states=encoder_hidden_states,
-                    encoder_attention_mask=encoder_attention_mask,
-                )
+            torch._assert(not self.gradient_checkpointing, 'gradient checkpointing is not supported by the generated model: pipelines recompute per stage')
+            outputs = block(
+                hidden_states,
+                attention_mask=attention_mask,
+                encoder_hidden_states=encoder_hidden_states,
+                encoder_attention_mask=encoder_attention_mask,
+            )
 
             hidden_states = outputs[0]
 

@@ -5,7 +5,7 @@
 # support: transformers/pytorch_utils.py sha256 61c1a39841395b07cc9acffd8a72f2441543269af74b401b46a672917fb83a8e
 # transforms: absolute_imports, remove_classes, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, torch_assert, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, layer_past=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
-# assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; batch_size <= 0 -> False
+# assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; self.gradient_checkpointing -> False; batch_size <= 0 -> False
 # regenerate: convert-model gpt2 --version 4.35.2
 from .modeling_gpt2 import GPT2Model, GPT2LMHeadModel, GPT2ForSequenceClassification
 

@@ -5,7 +5,7 @@
 # support: transformers/pytorch_utils.py sha256 61c1a39841395b07cc9acffd8a72f2441543269af74b401b46a672917fb83a8e
 # transforms: absolute_imports, remove_classes, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, torch_assert, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, layer_past=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
-# assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; batch_size <= 0 -> False
+# assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; self.gradient_checkpointing -> False; batch_size <= 0 -> False
 # regenerate: convert-model gpt2 --version 4.35.2
 
 # coding=utf-8
@@ -792,12 +792,6 @@ class GPT2Model(GPT2PreTrainedModel):
         else:
             encoder_attention_mask = None
 
-        # Prepare head mask if needed
-        # 1.0 in head_mask indicate we keep the head
-        # attention_probs has shape bsz x n_heads x N x N
-        # head_mask has shape n_layer x batch x n_heads x N x N
-        head_mask = self.get_head_mask(None, self.config.n_layer)
-
         if is_None(inputs_embeds):
             inputs_embeds = stateless.call_shared(self.wte, stateless.shared_weight(self, "wte", "shared_embed_weight", shared_embedding), input_ids)
         position_embeds = self.wpe(position_ids)
@@ -810,29 +804,18 @@ class GPT2Model(GPT2PreTrainedModel):
         hidden_states = self.drop(hidden_states)
 
         output_shape = (-1,) + input_shape[1:] + (hidden_states.size(-1),)
+
+        torch._assert(not self.gradient_checkpointing, 'gradient checkpointing is not supported by the generated model: pipelines recompute per stage')
         for i, (block, layer_past) in enumerate(zip(self.h, past_key_values)):
             # Model parallel
             torch._assert(not self.model_parallel, 'model.parallelize() is not supported: pipeline stages place the model')
 
-            if self.gradient_checkpointing and self.training:
-                outputs = self._gradient_checkpointing_func(
-                    block.__call__,
-                    hidden_states,
-                    None,
-                    attention_mask,
-                    head_mask[i],
-                    encoder_hidden_states,
-                    encoder_attention_mask,
-                    False,
-                    False,
-                )
-            else:
-                outputs = block(
-                    hidden_states,
-                    attention_mask=attention_mask,
-                    encoder_hidden_states=encoder_hidden_states,
-                    encoder_attention_mask=encoder_attention_mask,
-                )
+            outputs = block(
+                hidden_states,
+                attention_mask=attention_mask,
+                encoder_hidden_states=encoder_hidden_states,
+                encoder_attention_mask=encoder_attention_mask,
+            )
 
             hidden_states = outputs[0]
 
