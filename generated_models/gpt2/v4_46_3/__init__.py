@@ -6,6 +6,7 @@
 # transforms: absolute_imports, remove_classes, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, torch_assert, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, layer_past=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; self.gradient_checkpointing -> False
+# specialized: self.attn_dropout.p if self.training else 0.0 -> self.attn_dropout.p (the rate only matters in training, where it is self.attn_dropout.p: a traced graph keeps it for .train())
 # specialized: GPT2_ATTENTION_CLASSES[config._attn_implementation] -> GPT2Attention (eager attention: what stock computes with attn_implementation='eager')
 # specialized: self._attn_implementation -> "eager" (eager attention: what stock computes with attn_implementation='eager')
 # regenerate: convert-model gpt2 --version 4.46.3

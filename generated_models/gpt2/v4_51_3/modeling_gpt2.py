@@ -6,6 +6,7 @@
 # transforms: absolute_imports, remove_classes, drop_forwarded_kwargs, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, layer_past=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; self.gradient_checkpointing -> False; self.config.pad_token_id is None and batch_size != 1 -> False
+# specialized: self.attn_dropout.p if self.training else 0.0 -> self.attn_dropout.p (the rate only matters in training, where it is self.attn_dropout.p: a traced graph keeps it for .train())
 # specialized: self._attn_implementation -> "eager" (eager attention: what stock computes with attn_implementation='eager')
 # specialized: self.config._attn_implementation -> "eager" (eager attention: what stock computes with attn_implementation='eager')
 # specialized: attention_mask is None and query_states.shape[-2] > 1 and not is_cross_attention -> False (is_causal is read only by the sdpa and flash attention functions, never by eager_attention_forward)
@@ -341,7 +342,7 @@ class GPT2Attention(nn.Module):
                 key_states,
                 value_states,
                 attention_mask,
-                dropout=self.attn_dropout.p if self.training else 0.0,
+                dropout=self.attn_dropout.p,
                 is_causal=is_causal,
             )
 

@@ -6,6 +6,7 @@
 # transforms: absolute_imports, remove_classes, drop_decorators, replace_bases, drop_forwarded_kwargs, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, leaf_calls, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False, logits_to_keep=0
 # assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; self.gradient_checkpointing -> False; attention_mask.ndim < 4 -> True; self.config.pad_token_id is None and batch_size != 1 -> False
+# specialized: self.attn_dropout.p if self.training else 0.0 -> self.attn_dropout.p (the rate only matters in training, where it is self.attn_dropout.p: a traced graph keeps it for .train())
 # specialized: self._attn_implementation -> "eager" (eager attention: what stock computes with attn_implementation='eager')
 # specialized: self.config._attn_implementation -> "eager" (eager attention: what stock computes with attn_implementation='eager')
 # specialized: attention_mask is None and query_states.shape[-2] > 1 and not is_cross_attention -> False (is_causal is read only by the sdpa and flash attention functions, never by eager_attention_forward)
