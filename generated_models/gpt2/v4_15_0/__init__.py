@@ -2,7 +2,7 @@
 # source: transformers 4.15.0, transformers/models/gpt2/modeling_gpt2.py
 # sha256: 75d426ac4e0736d3b8aa8dec03f441a5241493b9e26f6700d941110c22512df3
 # support: transformers/modeling_utils.py sha256 097f26e746f25f8cbce26762e164abcdc8afbba7b18493a0705390b4fe3d83ee
-# transforms: absolute_imports, remove_classes, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, hoist_modules, size_varargs, buffer_slices, sym_numbers, torch_assert, module_dtype, none_checks
+# transforms: absolute_imports, remove_classes, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, classification_loss, hoist_modules, size_varargs, buffer_slices, sym_numbers, torch_assert, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, layer_past=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; self.gradient_checkpointing -> False; batch_size <= 0 -> False
 # specialized: range(batch_size) -> torch.arange(batch_size, device=logits.device) (indexing with torch.arange(n) selects the rows range(n) selects)

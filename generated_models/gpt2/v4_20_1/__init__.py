@@ -3,7 +3,7 @@
 # sha256: 026e873ee441c013156a4e0f301b0f4b95c0ddec8d69d9ea20107c67150732ed
 # support: transformers/modeling_utils.py sha256 8097d12ede5024ae0923a28b9458992f7685a9d48c4aa0fcc05a645d3cbc9ef9
 # support: transformers/pytorch_utils.py sha256 c2801b9338f09ef3215e10c1c381f072c366d39c4b77293e4965afc07e988486
-# transforms: absolute_imports, remove_classes, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, hoist_modules, size_varargs, buffer_slices, sym_numbers, torch_assert, module_dtype, none_checks
+# transforms: absolute_imports, remove_classes, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, classification_loss, hoist_modules, size_varargs, buffer_slices, sym_numbers, torch_assert, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, layer_past=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; self.gradient_checkpointing -> False; batch_size <= 0 -> False
 # regenerate: convert-model gpt2 --version 4.20.1

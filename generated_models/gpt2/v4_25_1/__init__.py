@@ -3,7 +3,7 @@
 # sha256: f31a4dd51e1d6dd3c4d614f326180d9ed48607559d3c275822b63a769ded3b4e
 # support: transformers/modeling_utils.py sha256 5da5e1528c0189db2c2c7f6140eff21cbae16415061e2898a91e87a64d38b5a2
 # support: transformers/pytorch_utils.py sha256 06af9debbd32cb36a1575d1e1992cd12550e281419dec05b51d547f88087f47e
-# transforms: absolute_imports, remove_classes, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, torch_assert, module_dtype, none_checks
+# transforms: absolute_imports, remove_classes, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, classification_loss, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, torch_assert, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, layer_past=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; self.gradient_checkpointing -> False; batch_size <= 0 -> False
 # regenerate: convert-model gpt2 --version 4.25.1

@@ -3,7 +3,7 @@
 # sha256: f31a4dd51e1d6dd3c4d614f326180d9ed48607559d3c275822b63a769ded3b4e
 # support: transformers/modeling_utils.py sha256 5da5e1528c0189db2c2c7f6140eff21cbae16415061e2898a91e87a64d38b5a2
 # support: transformers/pytorch_utils.py sha256 06af9debbd32cb36a1575d1e1992cd12550e281419dec05b51d547f88087f47e
-# transforms: absolute_imports, remove_classes, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, torch_assert, module_dtype, none_checks
+# transforms: absolute_imports, remove_classes, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, classification_loss, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, torch_assert, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, layer_past=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; self.gradient_checkpointing -> False; batch_size <= 0 -> False
 # regenerate: convert-model gpt2 --version 4.25.1
@@ -33,7 +33,7 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
 from torch.cuda.amp import autocast
-from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
+from torch.nn import CrossEntropyLoss
 
 from transformers.activations import ACT2FN
 from transformers.modeling_outputs import (
@@ -52,8 +52,9 @@ from transformers.utils import (
 from transformers.utils.model_parallel_utils import assert_device_map, get_device_map
 from transformers.models.gpt2.configuration_gpt2 import GPT2Config
 import stateless
-from stateless import finfo_value, is_None, is_not_None, module_dtype
+from stateless import classification_loss, finfo_value, is_None, is_not_None, module_dtype, problem_type_of
 
+torch.fx.wrap("classification_loss")
 torch.fx.wrap("finfo_value")
 
 
@@ -1041,9 +1042,6 @@ class GPT2ForSequenceClassification(GPT2PreTrainedModel):
 
         # Initialize weights and apply final processing
         self.post_init()
-        self.mse_loss = MSELoss()
-        self.cross_entropy_loss = CrossEntropyLoss()
-        self.bce_with_logits_loss = BCEWithLogitsLoss()
 
     @add_start_docstrings_to_model_forward(GPT2_INPUTS_DOCSTRING)
     @add_code_sample_docstrings(
@@ -1105,23 +1103,8 @@ class GPT2ForSequenceClassification(GPT2PreTrainedModel):
 
         loss = None
         if is_not_None(labels):
-            if is_None(self.config.problem_type):
-                if self.num_labels == 1:
-                    self.config.problem_type = "regression"
-                elif self.num_labels > 1 and (labels.dtype == torch.long or labels.dtype == torch.int):
-                    self.config.problem_type = "single_label_classification"
-                else:
-                    self.config.problem_type = "multi_label_classification"
-
-            if self.config.problem_type == "regression":
-                if self.num_labels == 1:
-                    loss = self.mse_loss(pooled_logits.squeeze(), labels.squeeze())
-                else:
-                    loss = self.mse_loss(pooled_logits, labels)
-            elif self.config.problem_type == "single_label_classification":
-                loss = self.cross_entropy_loss(pooled_logits.view(-1, self.num_labels), labels.view(-1))
-            elif self.config.problem_type == "multi_label_classification":
-                loss = self.bce_with_logits_loss(pooled_logits, labels)
+            self.config.problem_type = problem_type_of(self.config.problem_type, self.num_labels, labels)
+            loss = classification_loss(pooled_logits, labels, self.num_labels, self.config.problem_type)
         return loss if is_not_None(labels) else pooled_logits
 
     def make_stateless(self):

@@ -3,7 +3,7 @@
 # sha256: ff67b5da69647a9353ecc93c9d905a94fc80e24ee725a406297c7b4a31141435
 # support: transformers/modeling_utils.py sha256 0431850b4ac6f57c0694c8ddee54c1f84e13b1f8ad9d09fb0747e677be222640
 # support: transformers/pytorch_utils.py sha256 66f3229106a1980f57edafeb3818093251d7710a0da3034b9301febd20aa4913
-# transforms: absolute_imports, remove_classes, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, torch_assert, module_dtype, none_checks
+# transforms: absolute_imports, remove_classes, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, classification_loss, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, torch_assert, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, layer_past=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; self.gradient_checkpointing -> False; batch_size <= 0 -> False
 # regenerate: convert-model gpt2 --version 4.30.2

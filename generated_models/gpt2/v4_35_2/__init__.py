@@ -3,7 +3,7 @@
 # sha256: acea8a2b552519a74a6dc6b65c6493cbc8d7cb26febbe4d0423b8a29c042436e
 # support: transformers/modeling_utils.py sha256 835783603fb68f8338dd7e4546b4d2c851a23f2be0aa387da40a0a93f138d66f
 # support: transformers/pytorch_utils.py sha256 61c1a39841395b07cc9acffd8a72f2441543269af74b401b46a672917fb83a8e
-# transforms: absolute_imports, remove_classes, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, torch_assert, module_dtype, none_checks
+# transforms: absolute_imports, remove_classes, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, classification_loss, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, torch_assert, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, layer_past=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; self.gradient_checkpointing -> False; batch_size <= 0 -> False
 # regenerate: convert-model gpt2 --version 4.35.2

@@ -3,7 +3,7 @@
 # sha256: ac9423fb81e82926a40ee5f1f216bbf49d7e8e5482566ea43770d3e0a9c32ecf
 # support: transformers/modeling_utils.py sha256 ba9b0e22a0558601e65691dfb1020be3dd902f875bc207231d498be88052c651
 # support: transformers/pytorch_utils.py sha256 310ae45bdf71fe2ca6195a596ea3b7d11191084bc6894f8833e4ee0dd02f0f01
-# transforms: absolute_imports, remove_classes, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, torch_assert, module_dtype, none_checks
+# transforms: absolute_imports, remove_classes, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, classification_loss, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, torch_assert, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, layer_past=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; self.gradient_checkpointing -> False
 # specialized: self.attn_dropout.p if self.training else 0.0 -> self.attn_dropout.p (the rate only matters in training, where it is self.attn_dropout.p: a traced graph keeps it for .train())

@@ -3,7 +3,7 @@
 # sha256: ac9423fb81e82926a40ee5f1f216bbf49d7e8e5482566ea43770d3e0a9c32ecf
 # support: transformers/modeling_utils.py sha256 ba9b0e22a0558601e65691dfb1020be3dd902f875bc207231d498be88052c651
 # support: transformers/pytorch_utils.py sha256 310ae45bdf71fe2ca6195a596ea3b7d11191084bc6894f8833e4ee0dd02f0f01
-# transforms: absolute_imports, remove_classes, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, torch_assert, module_dtype, none_checks
+# transforms: absolute_imports, remove_classes, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, classification_loss, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, torch_assert, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, layer_past=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; self.gradient_checkpointing -> False
 # specialized: self.attn_dropout.p if self.training else 0.0 -> self.attn_dropout.p (the rate only matters in training, where it is self.attn_dropout.p: a traced graph keeps it for .train())
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import Tensor, nn
 from torch.cuda.amp import autocast
-from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
+from torch.nn import CrossEntropyLoss
 
 from transformers.activations import ACT2FN
 from transformers.modeling_outputs import (
@@ -60,7 +60,7 @@ from transformers.utils import (
 from transformers.utils.model_parallel_utils import assert_device_map, get_device_map
 from transformers.models.gpt2.configuration_gpt2 import GPT2Config
 import stateless
-from stateless import finfo_value, is_None, is_not_None, module_dtype
+from stateless import classification_loss, finfo_value, is_None, is_not_None, module_dtype, problem_type_of
 
 
 if is_flash_attn_2_available():
@@ -76,6 +76,7 @@ _CONFIG_FOR_DOC = "GPT2Config"
 
 from transformers.models.deprecated._archive_maps import GPT2_PRETRAINED_MODEL_ARCHIVE_LIST  # noqa: F401, E402
 
+torch.fx.wrap("classification_loss")
 torch.fx.wrap("finfo_value")
 
 
@@ -1274,9 +1275,6 @@ class GPT2ForSequenceClassification(GPT2PreTrainedModel):
 
         # Initialize weights and apply final processing
         self.post_init()
-        self.mse_loss = MSELoss()
-        self.cross_entropy_loss = CrossEntropyLoss()
-        self.bce_with_logits_loss = BCEWithLogitsLoss()
 
     @add_start_docstrings_to_model_forward(GPT2_INPUTS_DOCSTRING)
     @add_code_sample_docstrings(
@@ -1338,23 +1336,8 @@ class GPT2ForSequenceClassification(GPT2PreTrainedModel):
 
         loss = None
         if is_not_None(labels):
-            if is_None(self.config.problem_type):
-                if self.num_labels == 1:
-                    self.config.problem_type = "regression"
-                elif self.num_labels > 1 and (labels.dtype == torch.long or labels.dtype == torch.int):
-                    self.config.problem_type = "single_label_classification"
-                else:
-                    self.config.problem_type = "multi_label_classification"
-
-            if self.config.problem_type == "regression":
-                if self.num_labels == 1:
-                    loss = self.mse_loss(pooled_logits.squeeze(), labels.squeeze())
-                else:
-                    loss = self.mse_loss(pooled_logits, labels)
-            elif self.config.problem_type == "single_label_classification":
-                loss = self.cross_entropy_loss(pooled_logits.view(-1, self.num_labels), labels.view(-1))
-            elif self.config.problem_type == "multi_label_classification":
-                loss = self.bce_with_logits_loss(pooled_logits, labels)
+            self.config.problem_type = problem_type_of(self.config.problem_type, self.num_labels, labels)
+            loss = classification_loss(pooled_logits, labels, self.num_labels, self.config.problem_type)
         return loss if is_not_None(labels) else pooled_logits
 
     def make_stateless(self):

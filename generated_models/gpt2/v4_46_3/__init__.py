@@ -3,7 +3,7 @@
 # sha256: cfdc7f878b98873daaf442b1aba6b46dec38b8e78099998b60ecd723e269618d
 # support: transformers/modeling_utils.py sha256 118bd75838e78b19a55accddcf0a913386d822e812c215d50da99c3d0e91d3da
 # support: transformers/pytorch_utils.py sha256 bb5e981aea295cc7825c6377ad5215db7c5321098172df41d25ac9d7dd50bafd
-# transforms: absolute_imports, remove_classes, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, torch_assert, module_dtype, none_checks
+# transforms: absolute_imports, remove_classes, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, classification_loss, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, torch_assert, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, layer_past=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; self.gradient_checkpointing -> False
 # specialized: self.attn_dropout.p if self.training else 0.0 -> self.attn_dropout.p (the rate only matters in training, where it is self.attn_dropout.p: a traced graph keeps it for .train())

@@ -3,7 +3,7 @@
 # sha256: 3441ac00b336ff4feb5a8b8efbf3de7daee88f4478b1d05f27ad4df7cfe79d23
 # support: transformers/modeling_utils.py sha256 bf3f2b4314492a5148d69bde5ef23dbe0c63a9224970b5e83a22af0d10269a0c
 # support: transformers/pytorch_utils.py sha256 ffc4dd7ac41ac4ecfd877870b6d68a97f4bbd43ec623ccf8d1a1134d5e32907e
-# transforms: absolute_imports, remove_classes, drop_forwarded_kwargs, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, module_dtype, none_checks
+# transforms: absolute_imports, remove_classes, drop_forwarded_kwargs, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, classification_loss, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, layer_past=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; self.gradient_checkpointing -> False; self.config.pad_token_id is None and batch_size != 1 -> False
 # specialized: self.attn_dropout.p if self.training else 0.0 -> self.attn_dropout.p (the rate only matters in training, where it is self.attn_dropout.p: a traced graph keeps it for .train())
@@ -37,7 +37,6 @@ from typing import Callable, Optional, Tuple, Union
 import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
-from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
 
 from transformers.activations import ACT2FN
 from transformers.generation import GenerationMixin
@@ -59,8 +58,9 @@ from transformers.utils import (
 from transformers.utils.model_parallel_utils import assert_device_map, get_device_map
 from transformers.models.gpt2.configuration_gpt2 import GPT2Config
 import stateless
-from stateless import finfo_value, is_None, is_not_None, module_dtype
+from stateless import classification_loss, finfo_value, is_None, is_not_None, module_dtype, problem_type_of
 
+torch.fx.wrap("classification_loss")
 torch.fx.wrap("finfo_value")
 
 
@@ -1032,9 +1032,6 @@ class GPT2ForSequenceClassification(GPT2PreTrainedModel):
 
         # Initialize weights and apply final processing
         self.post_init()
-        self.mse_loss = MSELoss()
-        self.cross_entropy_loss = CrossEntropyLoss()
-        self.bce_with_logits_loss = BCEWithLogitsLoss()
 
     @add_start_docstrings_to_model_forward(GPT2_INPUTS_DOCSTRING)
     @add_code_sample_docstrings(
@@ -1093,23 +1090,8 @@ class GPT2ForSequenceClassification(GPT2PreTrainedModel):
 
         loss = None
         if is_not_None(labels):
-            if is_None(self.config.problem_type):
-                if self.num_labels == 1:
-                    self.config.problem_type = "regression"
-                elif self.num_labels > 1 and (labels.dtype == torch.long or labels.dtype == torch.int):
-                    self.config.problem_type = "single_label_classification"
-                else:
-                    self.config.problem_type = "multi_label_classification"
-
-            if self.config.problem_type == "regression":
-                if self.num_labels == 1:
-                    loss = self.mse_loss(pooled_logits.squeeze(), labels.squeeze())
-                else:
-                    loss = self.mse_loss(pooled_logits, labels)
-            elif self.config.problem_type == "single_label_classification":
-                loss = self.cross_entropy_loss(pooled_logits.view(-1, self.num_labels), labels.view(-1))
-            elif self.config.problem_type == "multi_label_classification":
-                loss = self.bce_with_logits_loss(pooled_logits, labels)
+            self.config.problem_type = problem_type_of(self.config.problem_type, self.num_labels, labels)
+            loss = classification_loss(pooled_logits, labels, self.num_labels, self.config.problem_type)
         return loss if is_not_None(labels) else pooled_logits
 
     def make_stateless(self):

@@ -3,7 +3,7 @@
 # sha256: b591253d7acadd39635bbf6f9f6fd0a97d6be5d7cf901074e2d959ff3e478e80
 # support: transformers/modeling_utils.py sha256 bf1c6b2a43cf7c36fb79f37c981424dd6ae78eb863fcaa5d2a37e76c9828611d
 # support: transformers/pytorch_utils.py sha256 e17301af0b11aa8982283208fb7b4af513853d643711b193283d1a429d6b2b86
-# transforms: absolute_imports, remove_classes, drop_decorators, replace_bases, drop_forwarded_kwargs, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, leaf_calls, module_dtype, none_checks
+# transforms: absolute_imports, remove_classes, drop_decorators, replace_bases, drop_forwarded_kwargs, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, classification_loss, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, leaf_calls, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False, logits_to_keep=0
 # assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; self.gradient_checkpointing -> False; attention_mask.ndim < 4 -> True; self.config.pad_token_id is None and batch_size != 1 -> False
 # specialized: self.attn_dropout.p if self.training else 0.0 -> self.attn_dropout.p (the rate only matters in training, where it is self.attn_dropout.p: a traced graph keeps it for .train())
@@ -36,7 +36,6 @@ from typing import Callable, Optional, Union
 
 import torch
 from torch import Tensor, nn
-from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
 
 from transformers.activations import ACT2FN, get_activation
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
@@ -61,8 +60,9 @@ from transformers.utils.model_parallel_utils import assert_device_map, get_devic
 from transformers.models.gpt2.configuration_gpt2 import GPT2Config
 import stateless
 import stateless.causal_masks
-from stateless import finfo_value, is_None, is_not_None, module_dtype
+from stateless import classification_loss, finfo_value, is_None, is_not_None, module_dtype, problem_type_of
 
+torch.fx.wrap("classification_loss")
 torch.fx.wrap("finfo_value")
 
 
@@ -922,9 +922,6 @@ class GPT2ForSequenceClassification(GPT2PreTrainedModel):
 
         # Initialize weights and apply final processing
         self.post_init()
-        self.mse_loss = MSELoss()
-        self.cross_entropy_loss = CrossEntropyLoss()
-        self.bce_with_logits_loss = BCEWithLogitsLoss()
 
     def forward(
         self,
@@ -989,23 +986,8 @@ class GPT2ForSequenceClassification(GPT2PreTrainedModel):
 
         loss = None
         if is_not_None(labels):
-            if is_None(self.config.problem_type):
-                if self.num_labels == 1:
-                    self.config.problem_type = "regression"
-                elif self.num_labels > 1 and (labels.dtype == torch.long or labels.dtype == torch.int):
-                    self.config.problem_type = "single_label_classification"
-                else:
-                    self.config.problem_type = "multi_label_classification"
-
-            if self.config.problem_type == "regression":
-                if self.num_labels == 1:
-                    loss = self.mse_loss(pooled_logits.squeeze(), labels.squeeze())
-                else:
-                    loss = self.mse_loss(pooled_logits, labels)
-            elif self.config.problem_type == "single_label_classification":
-                loss = self.cross_entropy_loss(pooled_logits.view(-1, self.num_labels), labels.view(-1))
-            elif self.config.problem_type == "multi_label_classification":
-                loss = self.bce_with_logits_loss(pooled_logits, labels)
+            self.config.problem_type = problem_type_of(self.config.problem_type, self.num_labels, labels)
+            loss = classification_loss(pooled_logits, labels, self.num_labels, self.config.problem_type)
         return loss if is_not_None(labels) else pooled_logits
 
     def make_stateless(self):

@@ -2,7 +2,7 @@
 # source: transformers 5.23.0, transformers/models/gpt2/modeling_gpt2.py
 # sha256: e283c187560eee847193e96cbd2d24ec088d48b268fa16608275e52d813559a8
 # support: transformers/pytorch_utils.py sha256 f1908bb1b85714fee71c127d55e306d8eac5a2f6565f58d7a29075ae82ab6beb
-# transforms: absolute_imports, remove_classes, drop_decorators, replace_bases, drop_forwarded_kwargs, prune_classes, copy_definitions, single_output, specialize_arguments, shared_weight, dropout_module, hoist_modules, size_varargs, leaf_calls, none_checks
+# transforms: absolute_imports, remove_classes, drop_decorators, replace_bases, drop_forwarded_kwargs, prune_classes, copy_definitions, single_output, specialize_arguments, shared_weight, dropout_module, classification_loss, hoist_modules, size_varargs, leaf_calls, none_checks
 # specialized arguments: past_key_values=None, use_cache=False, output_attentions=False, logits_to_keep=0
 # assumed, checked by torch._assert: attention_mask.ndim < 4 -> True; self.config.pad_token_id is None and batch_size != 1 -> False
 # specialized: ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward) -> eager_attention_forward (eager attention: the registry's default, what stock computes with attn_implementation='eager')
@@ -31,7 +31,6 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
 
 from transformers import initialization as init
 from transformers.activations import ACT2FN, get_activation
@@ -55,7 +54,9 @@ from transformers.models.gpt2.configuration_gpt2 import GPT2Config
 import stateless
 import stateless.causal_masks
 import stateless.masks
-from stateless import is_None, is_not_None
+from stateless import classification_loss, is_None, is_not_None, problem_type_of
+
+torch.fx.wrap("classification_loss")
 
 
 logger = logging.get_logger(__name__)
@@ -593,9 +594,6 @@ class GPT2ForSequenceClassification(GPT2PreTrainedModel):
 
         # Initialize weights and apply final processing
         self.post_init()
-        self.mse_loss = MSELoss()
-        self.cross_entropy_loss = CrossEntropyLoss()
-        self.bce_with_logits_loss = BCEWithLogitsLoss()
 
     def forward(
         self,
@@ -655,23 +653,8 @@ class GPT2ForSequenceClassification(GPT2PreTrainedModel):
 
         loss = None
         if is_not_None(labels):
-            if is_None(self.config.problem_type):
-                if self.num_labels == 1:
-                    self.config.problem_type = "regression"
-                elif self.num_labels > 1 and (labels.dtype == torch.long or labels.dtype == torch.int):
-                    self.config.problem_type = "single_label_classification"
-                else:
-                    self.config.problem_type = "multi_label_classification"
-
-            if self.config.problem_type == "regression":
-                if self.num_labels == 1:
-                    loss = self.mse_loss(pooled_logits.squeeze(), labels.squeeze())
-                else:
-                    loss = self.mse_loss(pooled_logits, labels)
-            elif self.config.problem_type == "single_label_classification":
-                loss = self.cross_entropy_loss(pooled_logits.view(-1, self.num_labels), labels.view(-1))
-            elif self.config.problem_type == "multi_label_classification":
-                loss = self.bce_with_logits_loss(pooled_logits, labels)
+            self.config.problem_type = problem_type_of(self.config.problem_type, self.num_labels, labels)
+            loss = classification_loss(pooled_logits, labels, self.num_labels, self.config.problem_type)
         return loss if is_not_None(labels) else pooled_logits
 
     def make_stateless(self):
