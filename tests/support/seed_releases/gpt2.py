@@ -31,12 +31,14 @@ BEFORE_PROBLEM_TYPE = ("regression", "single-label")
 
 
 def eager(make_config: Callable[[str], Any]) -> Callable[[str], Any]:
-    """Configs whose models run the eager attention where the release offers several (sdpa is 4.46's default):
-    what the generated models compute."""
+    """Configs whose stock models compute what the generated ones do: the eager attention where the release offers
+    several (sdpa is 4.46's default), and no key/value cache (the generated models have none; from 4.57 stock
+    builds one by default, and with it never reads packed sequences from position ids without a mask)."""
     def make(name: str) -> Any:
         config = make_config(name)
         if hasattr(config, "_attn_implementation"):
             config._attn_implementation = "eager"
+        config.use_cache = False
         return config
     return make
 
