@@ -3,7 +3,7 @@
 # sha256: 3441ac00b336ff4feb5a8b8efbf3de7daee88f4478b1d05f27ad4df7cfe79d23
 # support: transformers/modeling_utils.py sha256 bf3f2b4314492a5148d69bde5ef23dbe0c63a9224970b5e83a22af0d10269a0c
 # support: transformers/pytorch_utils.py sha256 ffc4dd7ac41ac4ecfd877870b6d68a97f4bbd43ec623ccf8d1a1134d5e32907e
-# transforms: absolute_imports, remove_classes, drop_forwarded_kwargs, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, classification_loss, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, module_dtype, none_checks
+# transforms: absolute_imports, remove_classes, drop_forwarded_kwargs, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, classification_loss, size_varargs, buffer_slices, sym_numbers, finfo_values, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, layer_past=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
 # assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; self.gradient_checkpointing -> False; self.config.pad_token_id is None and batch_size != 1 -> False
 # specialized: self.attn_dropout.p if self.training else 0.0 -> self.attn_dropout.p (the rate only matters in training, where it is self.attn_dropout.p: a traced graph keeps it for .train())

@@ -3,7 +3,7 @@
 # sha256: b591253d7acadd39635bbf6f9f6fd0a97d6be5d7cf901074e2d959ff3e478e80
 # support: transformers/modeling_utils.py sha256 bf1c6b2a43cf7c36fb79f37c981424dd6ae78eb863fcaa5d2a37e76c9828611d
 # support: transformers/pytorch_utils.py sha256 e17301af0b11aa8982283208fb7b4af513853d643711b193283d1a429d6b2b86
-# transforms: absolute_imports, remove_classes, drop_decorators, replace_bases, drop_forwarded_kwargs, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, classification_loss, hoist_modules, size_varargs, buffer_slices, sym_numbers, finfo_values, leaf_calls, module_dtype, none_checks
+# transforms: absolute_imports, remove_classes, drop_decorators, replace_bases, drop_forwarded_kwargs, prune_classes, copy_definitions, override_inherited, single_output, specialize_arguments, shared_weight, classification_loss, size_varargs, buffer_slices, sym_numbers, finfo_values, leaf_calls, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False, logits_to_keep=0
 # assumed, checked by torch._assert: encoder_attention_mask.dim() -> 2; self.model_parallel -> False; self.gradient_checkpointing -> False; attention_mask.ndim < 4 -> True; self.config.pad_token_id is None and batch_size != 1 -> False
 # specialized: self.attn_dropout.p if self.training else 0.0 -> self.attn_dropout.p (the rate only matters in training, where it is self.attn_dropout.p: a traced graph keeps it for .train())

@@ -2,7 +2,7 @@
 # source: transformers 5.23.0, transformers/models/gpt2/modeling_gpt2.py
 # sha256: e283c187560eee847193e96cbd2d24ec088d48b268fa16608275e52d813559a8
 # support: transformers/pytorch_utils.py sha256 f1908bb1b85714fee71c127d55e306d8eac5a2f6565f58d7a29075ae82ab6beb
-# transforms: absolute_imports, remove_classes, drop_decorators, replace_bases, drop_forwarded_kwargs, prune_classes, copy_definitions, single_output, specialize_arguments, shared_weight, dropout_module, classification_loss, hoist_modules, size_varargs, leaf_calls, none_checks
+# transforms: absolute_imports, remove_classes, drop_decorators, replace_bases, drop_forwarded_kwargs, prune_classes, copy_definitions, single_output, specialize_arguments, shared_weight, dropout_module, classification_loss, size_varargs, leaf_calls, none_checks
 # specialized arguments: past_key_values=None, use_cache=False, output_attentions=False, logits_to_keep=0
 # assumed, checked by torch._assert: attention_mask.ndim < 4 -> True; self.config.pad_token_id is None and batch_size != 1 -> False
 # specialized: ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward) -> eager_attention_forward (eager attention: the registry's default, what stock computes with attn_implementation='eager')
