@@ -19,7 +19,9 @@ _REGISTER = m.Call(func=m.Attribute(value=m.Name(), attr=m.Name("register_buffer
 
 @dataclass(frozen=True)
 class BufferSlicesOptions:
-    pass
+    # Module-level functions whose first parameter is a module of the file (GPT-2 4.51's
+    # eager_attention_forward(module, ...)): its slices of any class's buffers are rewritten too.
+    functions: tuple[str, ...] = ()
 
 
 def _parenthesized(node: cst.BaseExpression) -> cst.BaseExpression:
@@ -57,6 +59,15 @@ class BufferSlices(Transform):
 
         ids = self.embeddings.token_type_ids[:, :seq_length]                       # before (BERT 4.10)
         ids = self.embeddings.token_type_ids.narrow(1, 0, seq_length)              # after
+
+    Option ``functions``: module-level functions that take the module as their first
+    parameter (HF's attention functions from 4.48 on); the buffers they slice are those
+    of any class in the file::
+
+        def eager_attention_forward(module, query, key, value, attention_mask):    # before (GPT-2 4.51)
+            causal_mask = module.bias[:, :, kl - ql : kl, :kl]
+        def eager_attention_forward(module, query, key, value, attention_mask):    # after
+            causal_mask = module.bias.narrow(2, kl - ql, kl - (kl - ql)).narrow(3, 0, kl)
     """
 
     DESCRIPTION = "slices of a registered buffer by traced sizes -> narrow"
@@ -78,13 +89,16 @@ class BufferSlices(Transform):
         anywhere = frozenset().union(*classes.values())
         if not anywhere:
             return found
-        for node in self.index.nodes(cst.ClassDef):
-            for _, method, owner in methods(node):
-                context = (owner, classes[id(node)], anywhere)
-                if any(self._slices(s, *context) for s in m.findall(method, m.Subscript())
-                       if isinstance(s, cst.Subscript)):
-                    self._buffers[id(method)] = context
-                    found.append(method)
+        candidates = [(method, (owner, classes[id(node)], anywhere))
+                      for node in self.index.nodes(cst.ClassDef) for _, method, owner in methods(node)]
+        candidates += [(function, (function.params.params[0].name.value, anywhere, anywhere))
+                       for function in self.index.module.body if isinstance(function, cst.FunctionDef)
+                       and function.name.value in self.options.functions and function.params.params]
+        for function, context in candidates:
+            if any(self._slices(s, *context) for s in m.findall(function, m.Subscript())
+                   if isinstance(s, cst.Subscript)):
+                self._buffers[id(function)] = context
+                found.append(function)
         return found
 
     @staticmethod

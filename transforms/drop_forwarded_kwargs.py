@@ -74,6 +74,12 @@ class DropForwardedKwargs(Transform):
     when only the attention's dropped ``**kwargs`` took it); a function the
     recipe lists in ``keep`` keeps its parameter.  Imports
     that only the dropped annotations used go with them.  Lambdas are left alone.
+
+    A statement that only pops a named key, its value discarded, shapes nothing but
+    what is passed on: it goes with the parameter (GPT-2 5.x's model forward)::
+
+        kwargs.pop("output_attentions", None)                                      # before: a statement
+                                                                                   # after: gone
     """
 
     DESCRIPTION = "drop **kwargs parameters that are only passed on as **kwargs, with those arguments"
@@ -81,6 +87,7 @@ class DropForwardedKwargs(Transform):
 
     def focus(self) -> Iterable[cst.CSTNode]:
         self._unread_arguments: set[int] = set()
+        self._pops: dict[int, list[cst.SimpleStatementLine]] = {}  # id(function) -> its discarded pops
         self._unread_calls: dict[int, cst.Call] = {}
         self._dynamic = [call for call in self.index.nodes(cst.Call)
                          if isinstance(call.func, cst.Name) and self.qualified_names(call) & _DYNAMIC]
@@ -100,7 +107,9 @@ class DropForwardedKwargs(Transform):
         calls = {id(call): call for _, args in candidates.values() for arg in args
                  if isinstance(call := self.index.parent(arg), cst.Call)}
         calls.update(self._unread_calls)
-        return [*(function.params for function, _ in candidates.values()), *calls.values()]
+        lines = [line for key in candidates for line in self._pops.get(key, [])]
+        self._dropped_lines = {id(line) for line in lines}
+        return [*(function.params for function, _ in candidates.values()), *calls.values(), *lines]
 
     # -- which parameters go ---------------------------------------------------------------------------
     def _selected(self, param: cst.Param) -> bool:
@@ -135,6 +144,9 @@ class DropForwardedKwargs(Transform):
                 return None
             for read in inner.reads[name]:
                 arg = index.parent(read)
+                if inline and (line := _discarded_pop(index, read)) is not None:
+                    self._pops.setdefault(id(function), []).append(line)
+                    continue
                 if not inline:
                     self.report(read, f"{kept}: a nested function, lambda or class body uses it")
                     return None
@@ -190,11 +202,29 @@ class DropForwardedKwargs(Transform):
     def leave_Parameters(self, original_node: cst.Parameters, updated_node: cst.Parameters) -> cst.Parameters:
         return _without_star_kwarg(updated_node) if id(original_node) in self._parameters else updated_node
 
+    def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine,
+                                  updated_node: cst.SimpleStatementLine
+                                  ) -> cst.SimpleStatementLine | cst.RemovalSentinel:
+        return cst.RemoveFromParent() if id(original_node) in self._dropped_lines else updated_node
+
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         keep = [id(arg) not in self._arguments for arg in original_node.args]
         if all(keep):
             return updated_node
         return updated_node.with_changes(args=drop_items(updated_node.args, keep))
+
+
+def _discarded_pop(index: ModuleIndex, read: cst.Name) -> cst.SimpleStatementLine | None:
+    """The statement line if ``read`` is ``name.pop("key", ...)`` alone on it, its value discarded; else None."""
+    attribute = index.parent(read)
+    call = index.parent(attribute) if isinstance(attribute, cst.Attribute) else None
+    expression = index.parent(call) if isinstance(call, cst.Call) else None
+    line = index.parent(expression) if isinstance(expression, cst.Expr) else None
+    if not (isinstance(attribute, cst.Attribute) and attribute.value is read and attribute.attr.value == "pop"
+            and isinstance(call, cst.Call) and call.args and isinstance(call.args[0].value, cst.SimpleString)
+            and isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1):
+        return None
+    return line
 
 
 def _runs_inline(inner: Scope, scope: Scope) -> bool:

@@ -81,3 +81,29 @@ def test_a_submodules_buffer_is_rewritten_too() -> None:
     assert_rewrites(BufferSlices, EMBEDDINGS, EMBEDDINGS.replace(
         "ids = self.embeddings.token_type_ids[:, :seq_length]",
         "ids = self.embeddings.token_type_ids.narrow(1, 0, seq_length)"))
+
+
+FUNCTION = """\
+class Attention(nn.Module):
+    def __init__(self, n_ctx):
+        self.register_buffer("bias", torch.ones((1, 1, n_ctx, n_ctx)))
+
+
+def eager_attention_forward(module, query, key):
+    query_length, key_length = query.size(-2), key.size(-2)
+    return module.bias[:, :, key_length - query_length : key_length, :key_length]
+
+
+def other(module, n):
+    return module.bias[:, :n]
+"""
+
+
+def test_a_named_functions_module_parameter_slices_buffers_of_the_files_classes() -> None:
+    """GPT-2 4.51's module-level attention function slices its module's causal-mask buffer."""
+    rewritten = FUNCTION.replace(
+        "module.bias[:, :, key_length - query_length : key_length, :key_length]",
+        "module.bias.narrow(2, key_length - query_length, key_length - (key_length - query_length))"
+        ".narrow(3, 0, key_length)")
+    assert_rewrites(BufferSlices, FUNCTION, rewritten, functions=["eager_attention_forward"])
+    assert_unchanged(BufferSlices, FUNCTION)  # no function named: module-level code is left alone

@@ -277,6 +277,23 @@ def test_annotations_option_is_validated() -> None:
         parse_options(ForwardedKwargsOptions, {"annotation": ["typing.Unpack"]})
 
 
+def test_discarded_pops_of_named_keys_go_with_the_parameter() -> None:
+    """GPT-2 5.x's model forward pops the output flags before it passes the rest on."""
+    before = """\
+        def forward(self, x, **kwargs):
+            kwargs.pop("output_attentions", None)
+            kwargs.pop("output_hidden_states", None)
+            return self.block(x, **kwargs)
+        """
+    after = """\
+        def forward(self, x):
+            return self.block(x)
+        """
+    assert_rewrites(DropForwardedKwargs, before, after)
+    kept = before.replace("return self.block(x, **kwargs)", "return self.block(x, kwargs)")
+    assert_unchanged(DropForwardedKwargs, kept)  # another use keeps the parameter and its pops
+
+
 # --- kept, with a warning naming the cause ----------------------------------------------------------------
 
 @pytest.mark.parametrize("body", [
@@ -288,6 +305,8 @@ def test_annotations_option_is_validated() -> None:
     "return kwargs",
     "class Inner(Base, **kwargs): pass",
     "inner = lambda y: g(y, **kwargs)",
+    'return g(x, kwargs.pop("scale", 1.0), **kwargs)',  # a pop whose value is used reads kwargs
+    "kwargs.pop(key)",  # a key that is not a literal
 ])
 def test_other_uses_keep_kwargs(body: str) -> None:
     assert_kept(f"def f(x, **kwargs):\n    {body}\n", "line 2: **kwargs of f kept: ")
@@ -365,7 +384,7 @@ def test_a_caller_passing_a_keyword_only_kwargs_takes_keeps_them() -> None:
 def test_a_kept_caller_keeps_what_it_forwards_to_to_a_fixed_point() -> None:
     code = """\
         def top(x, **kwargs):
-            kwargs.pop("debug", None)
+            kwargs.setdefault("debug", False)
             return middle(x, **kwargs)
 
         def middle(x, **kwargs):
