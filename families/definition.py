@@ -9,15 +9,12 @@ the benchmarks read (docs/families.md has the full schema and examples):
   its forward returns its own loss) and ``base``, the path of the base model's
   modules inside the class (``"transformer"`` in a GPT-2 LM head model; empty
   where the class holds them itself).
-* ``[pipeline]``: the named sequence lengths and their defaults, the inputs of
-  one training micro-batch (shape in ``batch`` and those lengths, and how each
-  is filled), and the block chain in execution order: fixed blocks (a name and
-  the modules they run) and repeated layer lists (one block per item, with the
-  sub-layers of an item).  A block applies to a class when its first module
-  exists there.  Every layer list counts as layers for uniform splits and
-  ``layers_per_ipu``.
-* ``[shapes]``: named model sizes (config keyword arguments, with values common
-  to all of them) and the default one.
+* ``[pipeline]``: the named sequence lengths and their defaults, the inputs of one training micro-batch (shape
+  in ``batch`` and those lengths, and how each is filled), and the block chain in execution order: fixed blocks
+  (a name and the modules they run) and repeated layer lists (one block per item, with the sub-layers of an
+  item).  A block applies to a class when its first module exists there.  Every layer list counts as layers for
+  uniform splits and ``layers_per_ipu``.
+* ``[shapes]``: named model sizes (config keyword arguments, with values common to all of them) and the default.
 
 A target's own section (``[ipu]``: :mod:`partitioning.ipu.section`) is kept as the recipe gives it, in
 :attr:`FamilyDefinition.sections`, for the target to read.  Shared weights are read off the recipe's own
@@ -84,6 +81,7 @@ class ChainEntry:
     layers: str | None = None
     sublayers: tuple[tuple[str, ...], ...] = ()  # per item, relative to it; a sub-layer applies when its first exists
     root: bool = False  # paths from the class itself, not from its base model
+    optional: tuple[str, ...] = ()  # modules of the block a class may lack (the block is built without them)
 
     @property
     def start(self) -> str:
@@ -191,8 +189,8 @@ class FamilyDefinition:
                 resolved.append(ChainEntry(layers=info.path(entry.layers, entry.root), sublayers=entry.sublayers,
                                            root=True))
             else:
-                resolved.append(ChainEntry(name=entry.name, modules=tuple(info.path(m, entry.root)
-                                                                           for m in entry.modules), root=True))
+                resolved.append(ChainEntry(name=entry.name, modules=tuple(info.path(m, entry.root) for m in entry.modules),
+                                           root=True, optional=tuple(info.path(m, entry.root) for m in entry.optional)))
         return tuple(resolved)
 
     def class_inputs(self, class_name: str) -> tuple[InputSpec, ...]:
@@ -266,7 +264,7 @@ def _classes(document: DefinitionDocument) -> dict[str, ClassInfo]:
 def _chain(pipeline: PipelineSection) -> tuple[ChainEntry, ...]:
     return tuple(ChainEntry(layers=block.layers, sublayers=block.sublayers or (), root=block.root)
                  if block.layers is not None else
-                 ChainEntry(name=block.name, modules=block.modules or (), root=block.root)
+                 ChainEntry(name=block.name, modules=block.modules or (), root=block.root, optional=block.optional)
                  for block in pipeline.blocks)
 
 

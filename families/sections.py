@@ -99,8 +99,12 @@ class BlockEntry:
     layers: ModulePath | None = None
     sublayers: Annotated[tuple[ModulePaths, ...], Check("a list of module lists")] | None = None
     root: bool = False
+    # Modules of a fixed block that some releases' classes lack (GPT-2's loss module: a function from 4.51 on).
+    optional: tuple[ModulePath, ...] = ()
 
     def __post_init__(self) -> None:
+        if not set(self.optional) <= set((self.modules or ())[1:]):
+            raise OptionError("optional", "names modules of the block after its first", sep=" ")
         if self.layers is not None:
             for key in ("name", "modules"):
                 if getattr(self, key) is not None:

@@ -37,9 +37,10 @@ def chain_specs(entries: Sequence[ChainEntry], model: torch.nn.Module, layers_pe
             if not _exists(model, entry.modules[0]):
                 continue  # this class has no such block (an encoder-only model's decoder)
             missing = [module for module in entry.modules[1:] if not _exists(model, module)]
-            if missing:
-                raise UserError(f"block {entry.name!r}: the model has {entry.modules[0]} but no {missing[0]}")
-            specs.append(BlockSpec(str(entry.name), entry.modules))
+            if set(missing) - set(entry.optional):
+                required = [module for module in missing if module not in entry.optional]
+                raise UserError(f"block {entry.name!r}: the model has {entry.modules[0]} but no {required[0]}")
+            specs.append(BlockSpec(str(entry.name), tuple(m for m in entry.modules if m not in missing)))
         elif _exists(model, entry.layers):
             count = len(model.get_submodule(entry.layers))  # type: ignore[arg-type]
             items = [f"{entry.layers}.{index}" for index in range(count)]

@@ -65,7 +65,7 @@ def test_t5_definition_loads_with_its_shared_weights_read_off_the_shared_weight_
 
 @pytest.mark.parametrize("old,new,message", [
     ('modules = ["encoder.embed_tokens", "encoder.dropout"]', 'modulez = ["encoder.embed_tokens"]',
-     "unknown key 'pipeline.blocks[0].modulez' (known there: layers, modules, name, root, sublayers)"),
+     "unknown key 'pipeline.blocks[0].modulez' (known there: layers, modules, name, optional, root, sublayers)"),
     ('[model.classes.T5Model]\noutput', '[model.classes.T5Model]\noutptu',
      "unknown key 'model.classes.T5Model.outptu'"),
     ('default_class = ', 'default_clas = ', "unknown key 'model.default_clas'"),

@@ -8,7 +8,9 @@ from support.t5_models import CLASSES, T5, config
 from torch.utils.flop_counter import FlopCounterMode
 
 from common.errors import UserError
+from families.definition import ChainEntry
 from families.models import MicroBatch
+from partitioning.cost.blocks import chain_specs
 from partitioning.cost.chain import block_specs, family_chain
 from partitioning.cost.costing import BlockSpec, cost_chain
 
@@ -155,3 +157,16 @@ def test_bad_specs_and_inputs_are_plan_errors() -> None:
         T5.build("T5ForSomething", model.config)
     with pytest.raises(UserError, match="positive"):
         MicroBatch(0, {"source": 4, "target": 4})
+
+
+def test_an_optional_module_a_class_lacks_leaves_the_block_without_it() -> None:
+    """GPT-2's loss module is a function from 4.51 on: the block is its lm_head alone; a required module missing
+    is still refused."""
+    model = torch.nn.ModuleDict({"head": torch.nn.Linear(2, 2)})
+    entry = ChainEntry(name="head", modules=("head", "loss"), root=True, optional=("loss",))
+    assert [spec.modules for spec in chain_specs([entry], model)] == [("head",)]
+    model["loss"] = torch.nn.CrossEntropyLoss()
+    assert [spec.modules for spec in chain_specs([entry], model)] == [("head", "loss")]
+    with pytest.raises(UserError, match="the model has head but no norm"):
+        chain_specs([ChainEntry(name="head", modules=("head", "norm", "loss"), root=True, optional=("loss",))],
+                    torch.nn.ModuleDict({"head": torch.nn.Linear(2, 2)}))
