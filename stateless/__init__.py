@@ -7,6 +7,7 @@ from stateless.fp16 import clamp_inf_fp16
 from stateless.layerdrop import LayerDrop, unless_dropped
 from stateless.layers import StatelessEmbedding, StatelessLinear
 from stateless.leaves import setitem
+from stateless.losses import classification_loss, problem_type_of
 from stateless.masks import create_bidirectional_mask, create_causal_mask
 from stateless.sharing import (
     call_shared,
@@ -23,6 +24,7 @@ __all__ = [
     "StatelessEmbedding",
     "StatelessLinear",
     "call_shared",
+    "classification_loss",
     "clamp_inf_fp16",
     "create_bidirectional_mask",
     "create_causal_mask",
@@ -34,6 +36,7 @@ __all__ = [
     "make_stateful",
     "make_stateless",
     "module_dtype",
+    "problem_type_of",
     "setitem",
     "shared_weight",
     "stateful_state_dict",

@@ -3,6 +3,7 @@
 from transforms.absolute_imports import AbsoluteImports
 from transforms.buffer_slices import BufferSlices
 from transforms.chunked_forward import ChunkedForward
+from transforms.classification_loss import ClassificationLoss
 from transforms.copy_definitions import CopyDefinitions
 from transforms.drop_decorators import DropDecorators
 from transforms.drop_forwarded_kwargs import DropForwardedKwargs
@@ -45,6 +46,7 @@ REGISTRY: dict[str, type[Transform]] = {
     "specialize_arguments": SpecializeArguments,
     "shared_weight": SharedWeight,
     "dropout_module": DropoutModule,
+    "classification_loss": ClassificationLoss,
     "hoist_modules": HoistModules,
     "size_varargs": SizeVarargs,
     "shift_right": FunctionalShiftRight,

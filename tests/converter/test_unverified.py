@@ -1,11 +1,13 @@
 """Exit 0 means it works: a release the recipe does not verify is checked against its own stock code first.
 
-BERT's recipe verifies 4.5.1 only; transformers 4.10.3 is installed side by side by the setup
-(.venv/transformers/4.10.3), so its conversion is checked against stock without the network.
+BERT's recipe verifies every release line; here it is read without its 4.10.3 pin, which makes 4.10.3 a
+release between two verified ones (4.5.1, 4.15.0) as any unpinned release is. 4.10.3 is installed side by
+side by the setup (.venv/transformers/4.10.3), so its conversion is checked against stock without the network.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from conftest import REPO, FakeIndex, isolate_pip
 
 from converter import installs
 from converter.cli import main
+from families import registry
 
 INSTALL = REPO / ".venv" / "transformers" / "4.10.3"
 BERT = "transformers/models/bert/modeling_bert.py"
@@ -20,8 +23,14 @@ UTILS = "transformers/modeling_utils.py"
 
 
 @pytest.fixture
-def bert_4_10_3() -> Path:
+def bert_4_10_3(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The stock 4.10.3 tree, with BERT's recipe read as if it did not pin 4.10.3."""
     assert (INSTALL / BERT).is_file(), "run bash scripts/setup.sh (installs every release side by side)"
+    documents = registry.recipe_documents()
+    pin = re.compile(r'\[versions\."4\.10\.3"\]\n(?:[^\n\[]+\n)*')
+    unpinned = [(name, pin.sub("", text) if name == "bert.toml" else text) for name, text in documents]
+    assert unpinned != documents, "BERT's recipe no longer pins 4.10.3: take another release between two pinned ones"
+    monkeypatch.setattr(registry, "recipe_documents", lambda: unpinned)
     return INSTALL
 
 
