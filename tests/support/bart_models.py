@@ -101,7 +101,9 @@ HEAD_LOSS = {"1layer-tied": "regression", "2layer-untied": "single", "3layer-tie
 
 
 def head_config(name: str) -> BartConfig:
-    return config(name, num_labels=1 if HEAD_LOSS[name] == "regression" else 3)
+    """The classifier's labels for ``name``; eager attention, what the conversion keeps (stock's default is sdpa
+    from 4.36; earlier releases keep the keyword as an unused attribute)."""
+    return config(name, num_labels=1 if HEAD_LOSS[name] == "regression" else 3, attn_implementation="eager")
 
 
 def head_labels(release: str, config_name: str, batch: int, seed: int) -> torch.Tensor:

@@ -8,6 +8,7 @@
 # specialized: hidden_states[eos_mask, :].view(hidden_states.size(0), -1, hidden_states.size(-1))[:, -1, :] -> hidden_states[torch.arange(hidden_states.size(0), device=hidden_states.device), (eos_mask * torch.arange(eos_mask.size(1), device=eos_mask.device)).argmax(-1)] (with as many <eos> in every row (at least one, checked above), the last of each row's <eos> hidden states is the one at its largest <eos> position)
 # specialized: attn_weights.size() != (bsz * self.num_heads, tgt_len, src_len) -> False (the weights' shape is the one the matmul of the viewed query and key gives them)
 # specialized: attn_output.size() != (bsz * self.num_heads, tgt_len, self.head_dim) -> False (the output's shape is the one the matmul of the weights and the viewed value gives it)
+# specialized: torch.tensor(torch.finfo(dtype).min, device=device) -> torch.finfo(dtype).min (torch.full((n, n), torch.tensor(v, device=d), device=d) and torch.full((n, n), v, device=d) are the same float32 tensor)
 # regenerate: convert-model bart --version 4.30.2
 from .modeling_bart import BartModel, BartForConditionalGeneration, BartForSequenceClassification
 
