@@ -110,6 +110,20 @@ def prepare_4d_causal_attention_mask(attention_mask: torch.Tensor | None, input_
     return _mask(inputs_embeds, padding, None, None, window, packed_by_position=False)
 
 
+
+def prepare_4d_attention_mask(mask: torch.Tensor, dtype: Any, tgt_len: Any = None) -> torch.Tensor:
+    """HF 4.35's ``modeling_attn_mask_utils._prepare_4d_attention_mask`` (BART's encoder and cross-attention masks).
+
+    The same arithmetic as its ``AttentionMaskConverter._expand_mask``: (batch, 1, tgt_len, src_len), 0 where the
+    mask is 1 and ``finfo(dtype).min`` elsewhere; sizes read by index and the minimum through the fx leaf
+    ``finfo``, so a traced dtype and traced lengths work.
+    """
+    batch, source = mask.size(0), mask.size(1)
+    target = source if is_None(tgt_len) else tgt_len
+    expanded = mask[:, None, None, :].expand(batch, 1, target, source).to(dtype)
+    inverted = 1.0 - expanded
+    return inverted.masked_fill(inverted.to(torch.bool), finfo(dtype).min)
+
 def _refuse(function: str, past_key_values: Any, or_mask_function: Any, and_mask_function: Any,
             block_sequence_ids: Any, layer_idx: Any, attention_mask: Any) -> None:
     _refuse_cache_arguments(function, past_key_values=past_key_values, or_mask_function=or_mask_function,

@@ -62,6 +62,10 @@ def _(p: float, training: bool) -> torch.Tensor:
 
 def _decide(gate: LayerDrop, p: float, like: torch.Tensor) -> torch.Tensor:
     """The decision, as a 0-d bool tensor on the CPU (``like`` only gives fx a Proxy to record the call by)."""
+    if gate.draws == "torch":
+        # HF 4.35 on: one torch.rand([]) per layer in training only, from the generator dropout uses, so it
+        # is drawn whatever p is (later dropout masks stay stock's); traced ops, which export records.
+        return torch.rand([]) < p if gate.training else torch.zeros((), dtype=torch.bool)
     if p == 0:
         if not torch.compiler.is_compiling():  # dynamo refuses a Python draw in an exported graph
             random.uniform(0, 1)  # stock draws whatever the probability
@@ -78,8 +82,15 @@ class LayerDrop(nn.Module):
     """Draws whether to skip a layer: ``forward(p, like)`` -> 0-d bool tensor; no parameters or buffers.
 
     Its ``training`` flag is the decision's, so ``.train()``/``.eval()`` of the model (or of a
-    graph traced from it) switch layer drop on and off.
+    graph traced from it) switch layer drop on and off.  ``draws``: what stock draws from, Python's
+    ``random`` on every call (``"random"``) or torch's generator in training only (``"torch"``, HF 4.35 on).
     """
+
+    def __init__(self, draws: str = "random") -> None:
+        super().__init__()
+        if draws not in ("random", "torch"):
+            raise ValueError(f"LayerDrop draws from 'random' or 'torch', not {draws!r}")
+        self.draws = draws
 
     def forward(self, p: float, like: torch.Tensor) -> torch.Tensor:
         return _decide(self, p, like)

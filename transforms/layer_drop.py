@@ -14,12 +14,12 @@ from transforms.analysis.names import bound_names, names_outside, names_read
 from transforms.analysis.purity import is_pure
 from transforms.analysis.syntax import all_params, code_of
 from transforms.library.base import Transform
+from transforms.library.layer_drop_forms import TorchDraw, carried, python_draw_test, torch_draw
 from transforms.library.submodules import MODULE_BASES, ClassFamily, InitSite, append_to_init, fresh_names, receiver
 
 _DRAWS = ("random.uniform", "random.random")
 _ZERO, _ONE = m.Integer("0") | m.Float("0.0"), m.Integer("1") | m.Float("1.0")
-# What a layer's code may not do once it is the body of a function of its own.
-_ESCAPES = m.Return() | m.Yield() | m.Await() | m.Continue() | m.Break() | m.Global() | m.Nonlocal()
+_EMPTY = m.List(elements=[]) | m.Tuple(elements=[])
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,7 @@ class _Idiom:
     probability: cst.BaseExpression
     state: str  # the one variable the layer carries (``hidden_states``)
     run: list[int] | None  # loop-body indices of the layer's statements; None: the ``else`` branch's
+    draws: str = "random"  # what the stock code draws from: Python's random, or torch (training only)
 
 
 @dataclass
@@ -47,6 +48,7 @@ class _Class:
     node: cst.ClassDef
     site: InitSite | None = None
     gate: str | None = None  # the LayerDrop submodule's attribute, once created
+    draws: str | None = None  # its sites' draws (one kind per class)
 
 
 class LayerDropLoop(Transform):
@@ -87,6 +89,9 @@ class LayerDropLoop(Transform):
 
             hidden_states = stateless.unless_dropped(dropped, run_layer, hidden_states)
         # __init__ ends with: self.layer_drop = stateless.LayerDrop()
+
+    HF 4.35 on draw ``torch.rand([])``, in training only (the shapes: ``library/layer_drop_forms.py``):
+    the same rewrite, with ``stateless.LayerDrop("torch")`` drawing as they do.
     """
 
     DESCRIPTION = "LayerDrop's random.uniform + if self.training branch -> a LayerDrop submodule and unless_dropped"
@@ -102,7 +107,13 @@ class LayerDropLoop(Transform):
     # -- finding the idiom ------------------------------------------------------------------------------
     def focus(self) -> Iterable[cst.CSTNode]:
         return [loop for loop in self.index.nodes(cst.For) if isinstance(loop.body, cst.IndentedBlock)
-                and any(self._draw(statement) is not None for statement in loop.body.body)]
+                and any(self._draw(statement) is not None or m.findall(statement, m.Call(func=m.Attribute(
+                    attr=m.Name("rand")))) for statement in loop.body.body)]
+
+    def _torch_draw(self, value: cst.BaseExpression) -> bool:
+        """Whether ``value`` is ``torch.rand([])``: one 0-d draw from torch's generator."""
+        return isinstance(value, cst.Call) and self.qualified_names(value) == {"torch.rand"} and m.matches(
+            value, m.Call(args=[m.Arg(_EMPTY, keyword=None)]))
 
     def _draw(self, statement: cst.BaseStatement) -> str | None:
         """The variable of ``u = random.uniform(0, 1)`` / ``u = random.random()``, if ``statement`` is one."""
@@ -139,6 +150,11 @@ class LayerDropLoop(Transform):
         if isinstance(node.body, cst.IndentedBlock):
             sites = [site for index, statement in enumerate(node.body.body)
                      if self._draw(statement) is not None and (site := self._site(node, index)) is not None]
+            me = receiver(self._functions[-1]) if self._functions else None
+            for index in range(len(node.body.body)) if me is not None and self._classes else ():
+                form = torch_draw(node.body.body, index, me, self._torch_draw)
+                if form is not None and (site := self._torch_site(node, form, me)) is not None:
+                    sites.append(site)
             if sites:
                 self._idioms[id(node.body)] = sites
         return True
@@ -157,21 +173,12 @@ class LayerDropLoop(Transform):
         branch = body[draw + 1]
         assert isinstance(branch, cst.If)
         me = receiver(function)
-        found = None if me is None else self.extract(branch.test, self._test(me, variable))
+        found = None if me is None else self.extract(branch.test, python_draw_test(me, variable))
         if found is None:
             self.report(branch, f"`{code_of(branch.test)}` is not `{me}.training and ({variable} < p)`; left as is")
             return None
         probability = found["p"]
         assert isinstance(probability, cst.BaseExpression)
-        if not is_pure(probability):
-            return self._refuse(branch, f"the probability `{code_of(probability)}` may have effects")
-        family = ClassFamily(self.index, self.options.module_bases)
-        if not family.is_module(owner.node):
-            return self._refuse(branch, f"{owner.node.name.value} is not a known nn.Module subclass (see module_bases)")
-        site = family.init_site(owner.node)
-        if isinstance(site, str):
-            return self._refuse(branch, f"cannot add a submodule to {owner.node.name.value}: {site}")
-        owner.site = site
         if isinstance(branch.orelse, cst.Else) and isinstance(branch.orelse.body, cst.IndentedBlock):
             skip, run, end, layer = list(branch.body.body), list(branch.orelse.body.body), draw + 2, None
         elif branch.orelse is None and m.matches(branch.body, m.IndentedBlock(body=[
@@ -181,59 +188,56 @@ class LayerDropLoop(Transform):
             return self._refuse(branch, "the branch is neither `continue` nor an `else` holding the layer")
         if not isinstance(branch.body, cst.IndentedBlock) and skip:
             return self._refuse(branch, "the branch is on one line")
-        outside = {id(body[draw]), id(branch), *(id(statement) for statement in run)}
+        fit = self._fit(loop, branch, variable, probability, skip, run, [body[draw], branch])
+        if fit is None or owner.draws == "torch":
+            return None if fit is None else self._refuse(branch, "the class draws LayerDrop from both random and torch")
+        owner.draws = "random"
+        return _Idiom(draw, draw + 1, end, me, probability, fit, layer)
+
+    def _torch_site(self, loop: cst.For, form: TorchDraw, me: str) -> _Idiom | None:
+        """The idiom of a torch draw (``layer_drop_forms.torch_draw``), or None (reported) when it does not fit."""
+        body, owner = loop.body.body, self._classes[-1]
+        if form.layer_branch is None:  # the continue form: the layer is the rest of the loop body
+            skip, run, layer, branch, end = [], list(body[form.end:]), list(range(form.end, len(body))), form.start, len(body)
+        else:
+            holder = body[form.layer_branch]
+            assert isinstance(holder, cst.If) and isinstance(holder.orelse, cst.Else)
+            skip, run, layer, branch, end = list(holder.body.body), list(holder.orelse.body.body), None, form.layer_branch, form.end
+        if owner.draws == "random":
+            return self._refuse(body[form.start], "the class draws LayerDrop from both random and torch")
+        fit = self._fit(loop, body[form.start], form.variable, form.probability, skip, run, body[form.start:form.end])
+        if fit is None:
+            return None
+        owner.draws = "torch"
+        return _Idiom(form.start, branch, end, me, form.probability, fit, layer, "torch")
+
+    def _fit(self, loop: cst.For, where: cst.CSTNode, variable: str, probability: cst.BaseExpression,
+             skip: Sequence[cst.BaseStatement | cst.BaseSmallStatement], run: list[cst.BaseStatement],
+             idiom: Sequence[cst.CSTNode]) -> str | None:
+        """The variable the layer carries, or None (reported) when the site cannot be rewritten."""
+        function, owner, branch = self._functions[-1], self._classes[-1], where
+        if not is_pure(probability):
+            return self._refuse(branch, f"the probability `{code_of(probability)}` may have effects")
+        family = ClassFamily(self.index, self.options.module_bases)
+        if not family.is_module(owner.node):
+            return self._refuse(branch, f"{owner.node.name.value} is not a known nn.Module subclass (see module_bases)")
+        site = family.init_site(owner.node)
+        if isinstance(site, str):
+            return self._refuse(branch, f"cannot add a submodule to {owner.node.name.value}: {site}")
+        owner.site = site
+        outside = {*(id(statement) for statement in idiom), *(id(statement) for statement in run)}
         reads = names_outside(function.body, outside, names_read)
         if variable in reads or any(variable in names_read(statement) for statement in [*skip, *run]):
             return self._refuse(branch, f"`{variable}` is read elsewhere too")
-        state, problem = self._carried(skip, run, reads, names_outside(function.body, outside, bound_names)
-                                     | {p.name.value for p in all_params(function.params, starred=True)})
+        state, problem = carried(skip, run, reads, names_outside(function.body, outside, bound_names)
+                                 | {p.name.value for p in all_params(function.params, starred=True)})
         if state is None:
             return self._refuse(branch, problem)
-        return _Idiom(draw, draw + 1, end, me, probability, state, layer)
+        return state
 
     def _refuse(self, node: cst.CSTNode, problem: str) -> None:
         self.report(node, f"LayerDrop loop left as is: {problem}")
         return None
-
-    @staticmethod
-    def _test(me: str, variable: str) -> m.BooleanOperation:
-        """``<me>.training and (<variable> < p)`` (also ``p > <variable>``), ``p`` saved."""
-        training = m.Attribute(value=m.Name(me), attr=m.Name("training"))
-        below = m.Comparison(left=m.Name(variable), comparisons=[
-            m.ComparisonTarget(m.LessThan(), m.SaveMatchedNode(m.DoNotCare(), "p"))]) | m.Comparison(
-            left=m.SaveMatchedNode(m.DoNotCare(), "p"), comparisons=[m.ComparisonTarget(m.GreaterThan(), m.Name(variable))])
-        return m.BooleanOperation(left=training, operator=m.And(), right=below)
-
-    @staticmethod
-    def _carried(skip: Sequence[cst.BaseStatement], run: Sequence[cst.BaseStatement], reads: set[str],
-                 binds: set[str]) -> tuple[str | None, str]:
-        """``(the variable the layer carries, "")``, or ``(None, why the code cannot become a function of it)``."""
-        for statement in skip:
-            if not m.matches(statement, m.SimpleStatementLine(body=[m.ZeroOrMore(m.Assign() | m.Pass())])) \
-                    or not is_pure(statement):
-                return None, f"the skipping branch does more than assign values: `{code_of(statement).strip()}`"
-        skipped = set().union(*(bound_names(statement) for statement in skip))
-        if skipped & reads:
-            return None, f"the skipping branch sets {', '.join(sorted(skipped & reads))}, which later code reads"
-        if any(m.findall(statement, _ESCAPES) for statement in run):
-            return None, "the layer's code returns, yields, breaks, continues or declares a global"
-        bound = set().union(*(bound_names(statement) for statement in run))
-        carried = sorted(bound & reads)
-        if len(carried) != 1:
-            return None, (f"the layer's code must carry exactly one variable to the code after it, not "
-                          f"{', '.join(carried) or 'none'}")
-        (state,) = carried
-        if state not in binds:
-            return None, f"`{state}` is not bound before the loop"
-        local: set[str] = {state}
-        for statement in run:  # every other variable must be set before it is read, within one layer
-            early = names_read(statement) & (bound - local)
-            if not isinstance(statement, cst.SimpleStatementLine):
-                early -= bound_names(statement)  # a compound statement may set a name before reading it
-            if early:
-                return None, f"the layer's code reads {', '.join(sorted(early))} before setting it"
-            local |= bound_names(statement)
-        return state, ""
 
     # -- rewriting --------------------------------------------------------------------------------------
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock,
@@ -268,7 +272,9 @@ class LayerDropLoop(Transform):
         decision = next(name for name in fresh_names("dropped", "dropped") if name not in taken)
         layer = next(name for name in fresh_names("run_layer", "run_layer") if name not in taken)
         module, state = self.options.module, site.state
-        comments = [*draw.leading_lines, *branch.leading_lines] if isinstance(draw, cst.SimpleStatementLine) else []
+        later = [] if branch is draw else [line for line in branch.leading_lines
+                                            if line.comment or site.draws == "random"]
+        comments = [*draw.leading_lines, *later] if isinstance(draw, (cst.SimpleStatementLine, cst.If)) else []
         decide = cst.parse_statement(f"{decision} = {site.receiver}.{gate}({code_of(site.probability)}, {state})\n")
         local = cst.parse_statement(f"def {layer}({state}):\n    return {state}\n")
         assert isinstance(local, cst.FunctionDef) and isinstance(local.body, cst.IndentedBlock)
@@ -283,7 +289,8 @@ class LayerDropLoop(Transform):
         if owner.gate is None:
             return updated_node
         assert owner.site is not None
-        line = cst.parse_statement(f"{owner.site.receiver}.{owner.gate} = {self.options.module}.LayerDrop()\n")
+        draws = '"torch"' if owner.draws == "torch" else ""
+        line = cst.parse_statement(f"{owner.site.receiver}.{owner.gate} = {self.options.module}.LayerDrop({draws})\n")
         assert isinstance(line, cst.SimpleStatementLine)
         return append_to_init(updated_node, owner.site, [line])
 

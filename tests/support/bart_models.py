@@ -12,9 +12,8 @@ transformers = pytest.importorskip("transformers")
 from transformers import BartConfig  # noqa: E402
 from transformers.models.bart import modeling_bart as stock  # noqa: E402
 
+from families.layout import generated_package  # noqa: E402
 from support.model_checks import Family, Inputs  # noqa: E402
-
-generated = importlib.import_module("generated_models.bart.v4_5_1.modeling_bart")
 
 VOCAB, POSITIONS = 48, 40
 # 1-3 layers per stack, tied and untied LM head, gelu and relu, scaled embeddings, dropout 0.1 everywhere.
@@ -94,6 +93,69 @@ def train_batch(cfg: BartConfig, size: int, seed: int) -> Inputs:
     return values
 
 
-BART = Family("bart", "4.5.1", stock, generated, config, tuple(CONFIGS), PATHS, family_inputs, call_kwargs,
-              reference_output, lengths={"source": 9, "target": 4}, train_batch=train_batch,
-              train_lengths={"source": TRAIN_SOURCE, "target": TRAIN_TARGET})
+# Later releases also check the sequence classifier, its labels chosen by config so that every loss stock
+# picks from num_labels, config.problem_type and the labels' dtype is taken (4.15 on; before, num_labels only).
+HEAD = "BartForSequenceClassification"
+HEAD_LOSS = {"1layer-tied": "regression", "2layer-untied": "single", "3layer-tied-relu-2dec": "multi",
+             "2layer-scaled-3dec": "single"}
+
+
+def head_config(name: str) -> BartConfig:
+    """The classifier's labels for ``name``; eager attention, what the conversion keeps (stock's default is sdpa
+    from 4.36; earlier releases keep the keyword as an unused attribute)."""
+    return config(name, num_labels=1 if HEAD_LOSS[name] == "regression" else 3, attn_implementation="eager")
+
+
+def head_labels(release: str, config_name: str, batch: int, seed: int) -> torch.Tensor:
+    """The labels of one problem type: floats (regression), class indices, or multi-hot floats (4.15 on)."""
+    generator = torch.Generator().manual_seed(seed + 100)
+    loss = HEAD_LOSS[config_name]
+    if loss == "regression":
+        return torch.randn(batch, generator=generator)
+    if loss == "multi" and not release.startswith(("4.5.", "4.10.")):
+        return torch.randint(0, 2, (batch, 3), generator=generator).float()
+    return torch.randint(0, 3, (batch,), generator=generator)
+
+
+def family_at(release: str) -> Family:
+    """BART at ``release``: the stock modeling module this process imports (the release's install on PYTHONPATH)
+    against the package generated for that release; after 4.5.1 with the sequence classifier."""
+    generated = importlib.import_module(f"{generated_package('bart', release)}.modeling_bart")
+    if release == "4.5.1":  # tests/models and tests/models/test_heads.py check it
+        return Family("bart", release, stock, generated, config, tuple(CONFIGS), PATHS, family_inputs, call_kwargs,
+                      reference_output, lengths={"source": 9, "target": 4}, train_batch=train_batch,
+                      train_lengths={"source": TRAIN_SOURCE, "target": TRAIN_TARGET})
+
+    def release_inputs(masks: bool, batch: int = 2, seed: int = 1, source: int = 7, target: int = 5,
+                       config_name: str = "") -> Inputs:
+        values = inputs(masks, batch, source, target, seed)
+        values["head_labels"] = head_labels(release, config_name or tuple(CONFIGS)[-1], batch, seed)
+        return values
+
+    def release_kwargs(class_name: str, values: Inputs, path: str) -> Inputs:
+        if class_name != HEAD:
+            return call_kwargs(class_name, {k: v for k, v in values.items() if k != "head_labels"}, path)
+        ids = values["input_ids"].clone()
+        ids[:, -1] = 2  # </s>, whose hidden state the head classifies
+        kwargs = {"input_ids": ids, **({"attention_mask": values["attention_mask"]} if "attention_mask" in values
+                                       else {})}
+        return {**kwargs, "labels": values["head_labels"]} if path == "labels" else kwargs
+
+    def release_output(class_name: str, output: Any, kwargs: Inputs) -> torch.Tensor:
+        if class_name == HEAD:
+            return output.loss if "labels" in kwargs else output.logits
+        return reference_output(class_name, output, kwargs)
+
+    return Family("bart", release, stock, generated, head_config, tuple(CONFIGS), {**PATHS, HEAD: ("labels", "logits")},
+                  release_inputs, release_kwargs, release_output, lengths={"source": 9, "target": 4},
+                  train_batch=train_batch, train_lengths={"source": TRAIN_SOURCE, "target": TRAIN_TARGET})
+
+
+def __getattr__(name: str) -> Any:
+    """``BART`` and ``generated`` (4.5.1, the release installed in .venv) are built on first use, so that a
+    worker running another release imports this module without importing the 4.5.1 package."""
+    if name == "BART":
+        return family_at("4.5.1")
+    if name == "generated":
+        return family_at("4.5.1").generated
+    raise AttributeError(name)

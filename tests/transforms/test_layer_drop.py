@@ -184,3 +184,95 @@ def test_a_class_that_is_not_a_module_is_reported() -> None:
 def test_code_without_the_idiom_is_left_alone_silently(code: str) -> None:
     assert_unchanged(LayerDropLoop, code)
     assert warnings_of(code) == []
+
+
+# HF 4.35 on: `torch.rand([])` drawn in training only; the class's LayerDrop then draws from torch.
+TORCH_HEAD = HEAD.replace("import random\n", "import torch\n")
+TORCH_AFTER_HEAD = TORCH_HEAD.replace("from torch import nn\n", "from torch import nn\nimport stateless\n") \
+    .replace("range(2)])\n", "range(2)])\n        self.layer_drop = stateless.LayerDrop(\"torch\")\n")
+TORCH_LAYER = """\
+dropped = self.layer_drop(self.layerdrop, hidden_states)
+
+def run_layer(hidden_states):
+    layer_outputs = layer(hidden_states, attention_mask)
+    hidden_states = layer_outputs[0]
+    return hidden_states
+
+hidden_states = stateless.unless_dropped(dropped, run_layer, hidden_states)
+"""
+
+
+def torch_loop(body: str) -> str:
+    return TORCH_HEAD + indent(dedent(body), " " * 12) + "        return hidden_states * math.e\n"
+
+
+def test_torch_draw_continue_form() -> None:
+    # BART's decoder, 4.35 on.
+    assert_rewrites(LayerDropLoop, torch_loop("""\
+        # add LayerDrop (see https://arxiv.org/abs/1909.11556 for description)
+        if self.training:
+            dropout_probability = torch.rand([])
+            if dropout_probability < self.layerdrop:
+                continue
+
+        layer_outputs = layer(hidden_states, attention_mask)
+        hidden_states = layer_outputs[0]
+        """), TORCH_AFTER_HEAD + indent("# add LayerDrop (see https://arxiv.org/abs/1909.11556 for description)\n"
+                                        + TORCH_LAYER, " " * 12) + "        return hidden_states * math.e\n")
+
+
+def test_torch_draw_flag_form() -> None:
+    # BART's encoder, 4.35 on: a flag, then the layer in the else of `if to_drop:`.
+    assert_rewrites(LayerDropLoop, torch_loop("""\
+        to_drop = False
+        if self.training:
+            dropout_probability = torch.rand([])
+            if dropout_probability < self.layerdrop:  # skip the layer
+                to_drop = True
+
+        if to_drop:
+            layer_outputs = (None, None)
+        else:
+            layer_outputs = layer(hidden_states, attention_mask)
+            hidden_states = layer_outputs[0]
+        """), TORCH_AFTER_HEAD + indent(TORCH_LAYER, " " * 12) + "        return hidden_states * math.e\n")
+
+
+@pytest.mark.parametrize("body", [
+    """\
+    if self.training:
+        dropout_probability = torch.rand([2])
+        if dropout_probability < self.layerdrop:
+            continue
+    hidden_states = layer(hidden_states)
+    """,  # not one 0-d draw
+    """\
+    if self.training:
+        dropout_probability = torch.rand([])
+        if dropout_probability < self.layerdrop:
+            hidden_states = hidden_states * 2
+    hidden_states = layer(hidden_states)
+    """,  # neither continue nor a flag
+    """\
+    to_drop = False
+    if self.training:
+        dropout_probability = torch.rand([])
+        if dropout_probability < self.layerdrop:
+            to_drop = True
+    hidden_states = layer(hidden_states)
+    """,  # the flag is never tested
+], ids=["not-0d", "no-skip", "flag-unread"])
+def test_other_torch_draws_are_left_alone(body: str) -> None:
+    assert_unchanged(LayerDropLoop, torch_loop(body))
+
+
+def test_a_torch_draw_read_later_is_reported() -> None:
+    code = torch_loop("""\
+        if self.training:
+            dropout_probability = torch.rand([])
+            if dropout_probability < self.layerdrop:
+                continue
+        hidden_states = layer(hidden_states) * dropout_probability
+        """)
+    assert_unchanged(LayerDropLoop, code)
+    assert "`dropout_probability` is read elsewhere too" in warnings_of(code)[0]
