@@ -10,14 +10,17 @@ carries the buffer itself (moved with the model by ``.to()``) and multiplies exa
 does, the weight passed in.  :func:`make_stateful` gives back the original modules, with the buffers the
 stateless layers hold now.  Everything else is :mod:`stateless.sharing`'s.
 
-A holder without a 0-dim ``embed_scale`` buffer is refused (``TypeError``): the stateless form would not
-compute what the stateful one does.
+BART's ``BartScaledWordEmbedding`` (4.46 on) scales by a plain number instead:
+``super().forward(input_ids) * self.embed_scale``, ``embed_scale`` a float attribute (1.0 unless
+``scale_embedding``); the stateless layer multiplies by the same number.
+
+A holder with neither a 0-dim ``embed_scale`` buffer nor a number ``embed_scale`` is refused (``TypeError``):
+the stateless form would not compute what the stateful one does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -38,25 +41,33 @@ class StatelessScaledEmbedding(StatelessEmbedding):
 
     def __init__(self, embedding: nn.Embedding) -> None:
         scale = embedding._buffers.get(SCALE)
-        if not isinstance(scale, torch.Tensor) or scale.dim() != 0:
-            raise TypeError(f"make_stateless: a {type(embedding).__name__} has no 0-dim {SCALE} buffer to scale by")
+        number = embedding.__dict__.get(SCALE)  # BART's: a plain attribute
+        buffer = isinstance(scale, torch.Tensor) and scale.dim() == 0
+        if not buffer and not (isinstance(number, (int, float)) and not isinstance(number, bool)):
+            raise TypeError(f"make_stateless: a {type(embedding).__name__} has neither a 0-dim {SCALE} buffer nor a "
+                            f"number {SCALE} to scale by")
         super().__init__(embedding.num_embeddings, embedding.embedding_dim, embedding.padding_idx, embedding.max_norm,
                          embedding.norm_type, embedding.scale_grad_by_freq, embedding.sparse)
-        self.register_buffer(SCALE, scale, persistent=SCALE not in embedding._non_persistent_buffers_set)
+        if buffer:
+            self.register_buffer(SCALE, scale, persistent=SCALE not in embedding._non_persistent_buffers_set)
+        else:
+            self.embed_scale = number
         self.__dict__["_stateful"] = embedding  # not a submodule: its weight is the shared parameter
 
     def forward(self, weight: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-        # The stock forward's operations, in its order: the lookup, then times the scale cast to the weight's dtype.
+        # The stock forward's operations, in its order: the lookup, then times the scale (a buffer cast to the
+        # weight's dtype, or the number as it is).
         looked_up = F.embedding(input_ids, weight, self.padding_idx, self.max_norm, self.norm_type,
                                 self.scale_grad_by_freq, self.sparse)
-        scale = cast(torch.Tensor, self.embed_scale)  # a buffer
-        return looked_up * scale.to(weight.dtype)
+        scale = self.embed_scale
+        return looked_up * (scale.to(weight.dtype) if isinstance(scale, torch.Tensor) else scale)
 
     def to_embedding(self, weight: nn.Parameter) -> nn.Embedding:
         """The original module again, owning ``weight`` and this layer's (possibly moved) scale."""
         embedding: nn.Embedding = self.__dict__["_stateful"]
         embedding.weight = weight
-        embedding._buffers[SCALE] = self._buffers[SCALE]
+        if SCALE in self._buffers:
+            embedding._buffers[SCALE] = self._buffers[SCALE]
         return embedding
 
 

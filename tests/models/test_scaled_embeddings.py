@@ -101,7 +101,7 @@ def test_the_scale_is_cast_to_the_weight_dtype_first() -> None:
 def test_an_embedding_without_a_scale_is_refused_and_nothing_changes() -> None:
     torch.manual_seed(0)
     model = Toy(nn.Embedding(11, 8, 0))
-    with pytest.raises(TypeError, match="no 0-dim embed_scale buffer"):
+    with pytest.raises(TypeError, match="neither a 0-dim embed_scale buffer nor a number"):
         model.make_stateless()
     assert type(model.embed_tokens) is nn.Embedding and [n for n, _ in model.named_parameters()] == [
         "embed_tokens.weight"]
@@ -112,3 +112,36 @@ def test_already_stateless_is_a_no_op() -> None:
     model.make_stateless()
     layer = model.embed_tokens
     assert model.make_stateless() is model and model.embed_tokens is layer
+
+
+class NumberScaledEmbedding(nn.Embedding):  # BartScaledWordEmbedding's computation (4.46 on): a plain float
+    def __init__(self, num: int, dim: int, padding_idx: int, embed_scale: float) -> None:
+        super().__init__(num, dim, padding_idx)
+        self.embed_scale = embed_scale
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(input_ids) * self.embed_scale
+
+
+@pytest.mark.parametrize("scale", [8**0.5, 1.0])
+def test_a_number_scale_is_kept_and_given_back(scale: float) -> None:
+    torch.manual_seed(0)
+    model = Toy(NumberScaledEmbedding(11, 8, 0, scale))
+    expected = model(IDS)
+    expected.sum().backward()
+    grad = model.embed_tokens.weight.grad
+    assert grad is not None
+    model.zero_grad()
+    model.make_stateless()
+    layer = model.embed_tokens
+    assert isinstance(layer, StatelessScaledEmbedding) and layer.embed_scale == scale and not dict(layer.named_buffers())
+    actual = model(IDS)
+    assert torch.equal(actual, expected)
+    actual.sum().backward()
+    assert torch.equal(model.get_parameter("shared_embed_weight").grad, grad)
+    if scale != 1.0:  # the scale really is applied: without it the output differs
+        unscaled = nn.functional.embedding(IDS, model.get_parameter("shared_embed_weight"))
+        assert not torch.equal(layer(model.get_parameter("shared_embed_weight"), IDS), unscaled)
+    runtime.make_stateful(model)
+    assert type(model.embed_tokens) is NumberScaledEmbedding and model.embed_tokens.embed_scale == scale
+    assert torch.equal(model(IDS), expected)
