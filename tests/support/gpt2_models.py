@@ -12,9 +12,8 @@ transformers = pytest.importorskip("transformers")
 from transformers import GPT2Config  # noqa: E402
 from transformers.models.gpt2 import modeling_gpt2 as stock  # noqa: E402
 
+from families.layout import generated_package  # noqa: E402
 from support.model_checks import Family, Inputs  # noqa: E402
-
-generated = importlib.import_module("generated_models.gpt2.v4_5_1.modeling_gpt2")
 
 VOCAB, POSITIONS = 50, 32
 # 1-3 layers, tied and untied LM head, gelu_new and relu, cross-attention, dropout 0.1 everywhere.
@@ -90,6 +89,20 @@ def train_batch(cfg: GPT2Config, size: int, seed: int) -> Inputs:
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-GPT2 = Family("gpt2", "4.5.1", stock, generated, config, tuple(CONFIGS), PATHS, family_inputs, call_kwargs,
-              reference_output, lengths={"sequence": 9}, train_batch=train_batch,
-              train_lengths={"sequence": TRAIN_SEQUENCE})
+def family_at(release: str) -> Family:
+    """GPT-2 at ``release``: the stock modeling module this process imports (the release's install on
+    PYTHONPATH) against the package generated for that release."""
+    generated = importlib.import_module(f"{generated_package('gpt2', release)}.modeling_gpt2")
+    return Family("gpt2", release, stock, generated, config, tuple(CONFIGS), PATHS, family_inputs, call_kwargs,
+                  reference_output, lengths={"sequence": 9}, train_batch=train_batch,
+                  train_lengths={"sequence": TRAIN_SEQUENCE})
+
+
+def __getattr__(name: str) -> Any:
+    """``GPT2`` and ``generated`` (4.5.1, the release installed in .venv) are built on first use, so that a
+    worker running another release imports this module without importing the 4.5.1 package."""
+    if name == "GPT2":
+        return family_at("4.5.1")
+    if name == "generated":
+        return family_at("4.5.1").generated
+    raise AttributeError(name)
