@@ -153,7 +153,8 @@ def dynamic_shapes(first: Inputs, second: Inputs) -> dict[str, dict[int, Any]]:
 def export_cases(family: Family, strict: bool) -> Iterator[Case]:
     config_name = family.configs[-1]
     default = family.model_family.definition.default_class
-    classes = [default] if strict else list(family.classes)
+    # Strict: the default class (a family of heads alone: its first class).
+    classes = ([default] if default in family.paths else list(family.classes)[:1]) if strict else list(family.classes)
     for class_name in classes:
         path = family.paths[class_name][0]
 

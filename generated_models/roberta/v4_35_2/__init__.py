@@ -4,7 +4,7 @@
 # support: transformers/modeling_utils.py sha256 835783603fb68f8338dd7e4546b4d2c851a23f2be0aa387da40a0a93f138d66f
 # transforms: absolute_imports, remove_classes, override_inherited, single_output, specialize_arguments, specialize_arguments, shared_weight, classification_loss, hoist_modules, buffer_slices, chunked_forward, leaf_calls, module_dtype, none_checks
 # specialized arguments: head_mask=None, past_key_values=None, past_key_value=None, past_key_values_length=0, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
-# assumed, checked by torch._assert: attention_mask.dim() -> 2; encoder_attention_mask.dim() -> 2
+# assumed, checked by torch._assert: attention_mask.dim() -> 2; encoder_attention_mask.dim() -> 2; causal_mask.shape[1] < attention_mask.shape[1] -> False
 # specialized arguments: encoder_hidden_states=None, encoder_attention_mask=None
 # regenerate: convert-model roberta --version 4.35.2
 from .modeling_roberta import RobertaModel, RobertaForMaskedLM, RobertaForSequenceClassification, RobertaForTokenClassification

@@ -6,7 +6,7 @@
 # specialized: ROBERTA_SELF_ATTENTION_CLASSES[config._attn_implementation] -> RobertaSelfAttention (eager attention: what stock computes with attn_implementation='eager')
 # specialized: self.attn_implementation -> "eager" (eager attention: what stock computes with attn_implementation='eager')
 # specialized arguments: head_mask=None, past_key_values=None, past_key_value=None, past_key_values_length=0, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
-# assumed, checked by torch._assert: attention_mask.dim() -> 2; encoder_attention_mask.dim() -> 2
+# assumed, checked by torch._assert: attention_mask.dim() -> 2; encoder_attention_mask.dim() -> 2; causal_mask.shape[1] < attention_mask.shape[1] -> False
 # specialized arguments: encoder_hidden_states=None, encoder_attention_mask=None
 # regenerate: convert-model roberta --version 4.46.3
 from .modeling_roberta import RobertaModel, RobertaForMaskedLM, RobertaForSequenceClassification, RobertaForTokenClassification

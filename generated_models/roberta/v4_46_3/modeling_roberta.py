@@ -6,7 +6,7 @@
 # specialized: ROBERTA_SELF_ATTENTION_CLASSES[config._attn_implementation] -> RobertaSelfAttention (eager attention: what stock computes with attn_implementation='eager')
 # specialized: self.attn_implementation -> "eager" (eager attention: what stock computes with attn_implementation='eager')
 # specialized arguments: head_mask=None, past_key_values=None, past_key_value=None, past_key_values_length=0, use_cache=False, output_attentions=False, output_hidden_states=False, return_dict=False
-# assumed, checked by torch._assert: attention_mask.dim() -> 2; encoder_attention_mask.dim() -> 2
+# assumed, checked by torch._assert: attention_mask.dim() -> 2; encoder_attention_mask.dim() -> 2; causal_mask.shape[1] < attention_mask.shape[1] -> False
 # specialized arguments: encoder_hidden_states=None, encoder_attention_mask=None
 # regenerate: convert-model roberta --version 4.46.3
 
@@ -48,7 +48,7 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
-from transformers.modeling_utils import ModuleUtilsMixin, PreTrainedModel
+from transformers.modeling_utils import PreTrainedModel
 from transformers.pytorch_utils import apply_chunking_to_forward, find_pruneable_heads_and_indices, prune_linear_layer
 from transformers.utils import (
     add_code_sample_docstrings,
@@ -651,7 +651,7 @@ class RobertaPreTrainedModel(PreTrainedModel):
         # We can provide a self-attention mask of dimensions [batch_size, from_seq_length, to_seq_length]
         # ourselves in which case we just need to make it broadcastable to all heads.
         if self.config.is_decoder:
-            extended_attention_mask = ModuleUtilsMixin.create_extended_attention_mask_for_decoder(
+            extended_attention_mask = RobertaPreTrainedModel.create_extended_attention_mask_for_decoder(
                 input_shape, attention_mask, device
             )
         else:
@@ -688,6 +688,27 @@ class RobertaPreTrainedModel(PreTrainedModel):
         encoder_extended_attention_mask = (1.0 - encoder_extended_attention_mask) * torch.finfo(module_dtype(self)).min
 
         return encoder_extended_attention_mask
+
+    # Copied from transformers/modeling_utils.py ModuleUtilsMixin.create_extended_attention_mask_for_decoder
+    @staticmethod
+    def create_extended_attention_mask_for_decoder(input_shape, attention_mask, device=None):
+        if is_not_None(device):
+            warnings.warn(
+                "The `device` argument is deprecated and will be removed in v5 of Transformers.", FutureWarning
+            )
+        else:
+            device = attention_mask.device
+        batch_size, seq_length = input_shape
+        seq_ids = torch.arange(seq_length, device=device)
+        causal_mask = seq_ids[None, None, :].repeat(batch_size, seq_length, 1) <= seq_ids[None, :, None]
+        # in case past_key_values are used we need to add a prefix ones mask to the causal mask
+        # causal and attention masks must have same type with pytorch version < 1.3
+        causal_mask = causal_mask.to(attention_mask.dtype)
+
+        torch._assert(causal_mask.shape[1] >= attention_mask.shape[1], 'without a key/value cache the mask must not be longer than the sequence')
+
+        extended_attention_mask = causal_mask[:, None, :, :] * attention_mask[:, None, None, :]
+        return extended_attention_mask
 
 
 ROBERTA_START_DOCSTRING = r"""
