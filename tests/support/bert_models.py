@@ -164,7 +164,7 @@ def heads_families(name: str, stock_module: ModuleType, generated_module: Module
         return values
 
     def head_kwargs(class_name: str, values: Inputs, path: str) -> Inputs:
-        kwargs = {k: values[k] for k in ("input_ids", "attention_mask") if k in values}
+        kwargs: Inputs = {k: values[k] for k in ("input_ids", "attention_mask") if k in values}
         if path == "labels":
             kwargs["labels"] = values["token_labels" if class_name.endswith("TokenClassification") else "labels"]
         return kwargs
