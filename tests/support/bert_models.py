@@ -18,9 +18,8 @@ transformers = pytest.importorskip("transformers")
 from transformers import BertConfig  # noqa: E402
 from transformers.models.bert import modeling_bert as stock  # noqa: E402
 
+from families.layout import generated_package  # noqa: E402
 from support.model_checks import Family, Inputs  # noqa: E402
-
-generated = importlib.import_module("generated_models.bert.v4_5_1.modeling_bert")
 
 VOCAB, POSITIONS, HIDDEN = 50, 40, 16
 # 1-3 layers, tied and untied heads, gelu and relu, relative positions, and a decoder with cross-attention
@@ -37,9 +36,12 @@ CROSS = "cross-attention"  # configurations whose base model takes an encoder's 
 
 def config_factory(config_class: type, common: dict[str, Any]) -> Callable[[str], Any]:
     def config(name: str) -> Any:
-        return config_class(vocab_size=VOCAB, hidden_size=HIDDEN, num_attention_heads=2, intermediate_size=24,
+        made = config_class(vocab_size=VOCAB, hidden_size=HIDDEN, num_attention_heads=2, intermediate_size=24,
                             max_position_embeddings=POSITIONS, hidden_dropout_prob=0.1,
                             attention_probs_dropout_prob=0.1, **common, **CONFIGS[name])
+        if hasattr(made, "_attn_implementation"):  # 4.36 on: stock with eager attention, what ours computes
+            made._attn_implementation = "eager"
+        return made
     return config
 
 
@@ -115,7 +117,8 @@ def train_batch_for(low: int, pad: int, keys: tuple[str, ...]) -> Callable[[Any,
 
 
 def encoder_family(name: str, stock_module: ModuleType, generated_module: ModuleType, make_config: Callable[[str], Any],
-                   prefix: str, heads: tuple[str, ...], low: int, pad: int, train_inputs: tuple[str, ...]) -> Family:
+                   prefix: str, heads: tuple[str, ...], low: int, pad: int, train_inputs: tuple[str, ...],
+                   release: str = "4.5.1") -> Family:
     """BERT or RoBERTa as the model tests see it: ``prefix``Model and its ``heads``; ids from ``low``; the default
     class trains on ``train_inputs``."""
     base = f"{prefix}Model"
@@ -127,12 +130,78 @@ def encoder_family(name: str, stock_module: ModuleType, generated_module: Module
     def family_inputs(masks: bool, batch: int = 2, seed: int = 1, sequence: int = 7, config_name: str = "") -> Inputs:
         return inputs(masks, batch, sequence, seed, cross=CROSS in config_name, low=low, pad=pad)
 
-    return Family(name, "4.5.1", stock_module, generated_module, make_config, tuple(CONFIGS), paths, family_inputs,
+    return Family(name, release, stock_module, generated_module, make_config, tuple(CONFIGS), paths, family_inputs,
                   call_kwargs_for(base), reference_output, lengths={"sequence": 9},
                   train_batch=train_batch_for(low, pad, train_inputs), train_lengths={"sequence": TRAIN_SEQUENCE},
                   embedded_inputs=("input_ids",))
 
 
-BERT = encoder_family("bert", stock, generated, config, "Bert", ("BertForMaskedLM", "BertForPreTraining"), low=1,
-                      pad=0, train_inputs=("input_ids", "attention_mask", "token_type_ids", "labels",
-                                           "next_sentence_label"))
+# The classifier heads' configurations: each problem type stock chooses, with labels of its dtype and shape
+# (tests/transforms/test_classification_loss.py covers int32 labels, which cross-entropy refuses).
+PROBLEMS: dict[str, tuple[int, str | None]] = {  # config name -> (num_labels, config.problem_type)
+    "regression": (1, None), "regression-3": (3, "regression"), "single-label": (3, None), "multi-label": (3, None)}
+
+
+def heads_families(name: str, stock_module: ModuleType, generated_module: ModuleType,
+                   make_config: Callable[[str], Any], prefix: str, low: int, pad: int, release: str) -> list[Family]:
+    """``prefix``ForSequenceClassification for every problem type, ``prefix``ForTokenClassification single-label."""
+    def head_config(config_name: str) -> Any:
+        cfg = make_config("2layer-untied-relu")
+        cfg.num_labels, cfg.problem_type = PROBLEMS[config_name]
+        return cfg
+
+    def head_inputs(masks: bool, batch: int = 2, seed: int = 1, sequence: int = 7, config_name: str = "") -> Inputs:
+        values = inputs(masks, batch, sequence, seed, low=low, pad=pad)
+        generator = torch.Generator().manual_seed(seed + 1)
+        num_labels, _ = PROBLEMS[config_name]
+        values["labels"] = {"regression": lambda: torch.randn(batch, generator=generator),
+                            "regression-3": lambda: torch.randn(batch, 3, generator=generator),
+                            "single-label": lambda: torch.randint(0, 3, (batch,), generator=generator),
+                            "multi-label": lambda: torch.randint(0, 2, (batch, 3), generator=generator).float(),
+                            }[config_name]()
+        values["token_labels"] = torch.randint(0, num_labels, (batch, sequence), generator=generator)
+        values["token_labels"][0, :2] = -100  # positions the loss ignores
+        return values
+
+    def head_kwargs(class_name: str, values: Inputs, path: str) -> Inputs:
+        kwargs: Inputs = {k: values[k] for k in ("input_ids", "attention_mask") if k in values}
+        if path == "labels":
+            kwargs["labels"] = values["token_labels" if class_name.endswith("TokenClassification") else "labels"]
+        return kwargs
+
+    def head_output(class_name: str, output: Any, kwargs: Inputs) -> torch.Tensor:
+        return output.loss if "labels" in kwargs else output.logits
+
+    def family(class_name: str, configs: tuple[str, ...]) -> Family:
+        return Family(name, release, stock_module, generated_module, head_config, configs,
+                      {class_name: ("labels", "logits")}, head_inputs, head_kwargs, head_output,
+                      lengths={"sequence": 9}, embedded_inputs=("input_ids",))
+
+    return [family(f"{prefix}ForSequenceClassification", tuple(PROBLEMS)),
+            family(f"{prefix}ForTokenClassification", ("single-label",))]
+
+
+TRAIN_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels", "next_sentence_label")
+
+
+def family_at(release: str) -> Family:
+    """BERT at ``release``: the stock modeling module this process imports against the package of that release."""
+    generated = importlib.import_module(f"{generated_package('bert', release)}.modeling_bert")
+    return encoder_family("bert", stock, generated, config, "Bert", ("BertForMaskedLM", "BertForPreTraining"), low=1,
+                          pad=0, train_inputs=TRAIN_INPUTS, release=release)
+
+
+def families_at(release: str) -> list[Family]:
+    """BERT's base model and pre-training heads, and its classifier heads, at ``release``."""
+    base = family_at(release)
+    return [base, *heads_families("bert", stock, base.generated, config, "Bert", 1, 0, release)]
+
+
+def __getattr__(name: str) -> Any:
+    """``BERT`` and ``generated`` (4.5.1, the release installed in .venv) are built on first use, so that a
+    worker running another release imports this module without importing the 4.5.1 package."""
+    if name == "BERT":
+        return family_at("4.5.1")
+    if name == "generated":
+        return family_at("4.5.1").generated
+    raise AttributeError(name)
