@@ -59,7 +59,7 @@ class StatelessScaledEmbedding(StatelessEmbedding):
         # weight's dtype, or the number as it is).
         looked_up = F.embedding(input_ids, weight, self.padding_idx, self.max_norm, self.norm_type,
                                 self.scale_grad_by_freq, self.sparse)
-        scale = self.embed_scale
+        scale: torch.Tensor | float = self.embed_scale  # type: ignore[assignment]  # a buffer or a number, never None
         return looked_up * (scale.to(weight.dtype) if isinstance(scale, torch.Tensor) else scale)
 
     def to_embedding(self, weight: nn.Parameter) -> nn.Embedding:
