@@ -7,10 +7,16 @@ micro-batches always predict better), where a per-action overhead makes fewer mi
 from __future__ import annotations
 
 import json
+import statistics
+import time
 
 import pytest
+import torch
+from support.threads import threads
+from torch import nn
 
 from partitioning.cost.calibration import Calibration
+from partitioning.cost.runtime import update_rate
 from partitioning.plan import Block
 from partitioning.solve.auto import micro_batch_counts
 from partitioning.solve.chunks import after_last_action, predict
@@ -113,3 +119,23 @@ def test_calibrations_without_runtime_terms_read_as_zero() -> None:
     assert not old.settings(Settings()).runtime_terms
     new = Calibration.from_json(json.dumps({**record, "latency": 1e-4, "action_overhead": 5e-5, "update_rate": 1e-9}))
     assert new.settings(Settings()).action_overhead == 5e-5 and new.settings(Settings()).runtime_terms
+
+
+def test_the_calibrated_update_rate_is_the_rate_of_a_step_on_real_gradients() -> None:
+    # one thread, CPU time (the calibration's clock); 4 x 4M floats (64 MB) so that the step is memory-bound as
+    # a model's is.  A calibration on zero gradients measured about 1.5x this step's time per byte.
+    model = nn.ParameterList([nn.Parameter(torch.randn(1024, 4096) * 0.02) for _ in range(4)])
+    with threads(1):
+        rate = update_rate(model, 4, 3, time.thread_time)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+        took = []
+        for attempt in range(4):
+            for parameter in model.parameters():
+                parameter.grad = torch.randn_like(parameter) * 1e-3 / 4  # already scaled, as the engine leaves it
+            start = time.thread_time()
+            optimizer.step()
+            optimizer.zero_grad()
+            if attempt:
+                took.append(time.thread_time() - start)
+    measured = statistics.median(took) / (4 * 1024 * 4096 * 4)
+    assert 0.75 < rate / measured < 1.3, (rate * 1e9, measured * 1e9)
