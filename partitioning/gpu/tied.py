@@ -83,10 +83,11 @@ def ordered_sum(copies: Sequence[TiedCopy], micro_batches: int, ranks_of: Sequen
     Every member of the group walks the same uses in the same order.  A micro-batch's partial sum travels
     along its uses, from the last back to the first: the holder of a use adds its gradient to it in place,
     and only where the next use is another member's does the partial sum cross the link (an ``isend`` the
-    sender waits for only when it has a few in flight).  The micro-batch's sum is added to the running total on the member that
-    ended the first micro-batch's walk, which broadcasts the total once at the end.  So the link carries
-    one tensor of the weight's size per change of holder per micro-batch, plus the broadcast, and no
-    member copies a gradient it kept (the sum adds into them): the additions, their order and so the bits are those of one process.
+    sender waits for only when it has a few in flight).  The micro-batch's sum is added to the running
+    total on the member that ended the first micro-batch's walk, which broadcasts the total once at the
+    end.  So the link carries one tensor of the weight's size per change of holder per micro-batch, plus
+    the broadcast, and no member copies a gradient it kept (the sum adds into them): the additions, their
+    order and so the bits are those of one process.
     """
     for copy in copies:
         if len(copy.per_micro_batch) != micro_batches:
