@@ -15,7 +15,8 @@ goes).  The cost model adds three terms, each measured here on the machine:
 * ``update_rate``: seconds per parameter byte of the optimizer step (Adam,
   as ``partition-model --run`` and ``train-model`` train) with the engine's
   gradient scaling and ``zero_grad``: :func:`update_rate`, in the calibrating
-  process on the model itself.
+  process on the model itself, with seeded non-zero gradients (Adam's time
+  per byte depends on the values: see there).
 
 The first two run in :func:`measure_ranks` (the ranks of the calibration's
 link measurement, under ``torchrun``); see
@@ -97,10 +98,16 @@ def update_rate(model: nn.Module, micro_batches: int, repeats: int, clock: Calla
     parameters = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(parameters, lr=1e-12)
     cuda = parameters[0].device.type == "cuda"
+    # gradients of a trained model's size, not zeros: on a CPU, Adam over zero gradients (and so zero moments)
+    # took 1.5x the time per byte (2.25 against 1.46 s/GB, t5-small's tensors, one thread): a calibration on
+    # zeros over-predicted the runtime's optimizer step by 24 to 52 % (docs/benchmarks.md)
+    generator = torch.Generator(parameters[0].device).manual_seed(0)
+    gradients = [torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype).mul_(1e-3)
+                 for p in parameters]
     times = []
     for attempt in range(repeats + 1):
-        for parameter in parameters:
-            parameter.grad = torch.zeros_like(parameter)
+        for parameter, gradient in zip(parameters, gradients):
+            parameter.grad = gradient.clone()
         if cuda:
             torch.cuda.synchronize()
         start = clock()

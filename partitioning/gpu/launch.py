@@ -19,11 +19,11 @@ from common.errors import UserError
 TRAIN = "partitioning.gpu.train"  # the module each rank runs; its errors start with its name
 
 
-def launch(plan: Path, stages: int, steps: int, timeline: Path | None = None) -> None:
+def launch(plan: Path, stages: int, steps: int, timeline: Path | None = None, tied_sum: str = "ordered") -> None:
     """torchrun the plan's stages, streaming the steps the last stage prints; a failure is one line.
-    ``timeline``: rank 0 writes the per-rank timeline of every step there."""
+    ``timeline``: rank 0 writes the per-rank timeline of every step there; ``tied_sum``: as ``train-model``'s."""
     extra = ["--timeline", str(timeline.resolve())] if timeline is not None else []
-    run_ranks(TRAIN, ["--plan", str(plan), "--steps", str(steps), *extra], stages)
+    run_ranks(TRAIN, ["--plan", str(plan), "--steps", str(steps), "--tied-sum", tied_sum, *extra], stages)
 
 
 def torchrun_command(module: str, arguments: list[str], ranks: int, nodes: int = 1, node_rank: int | None = None,

@@ -80,10 +80,14 @@ def ordered_sum(copies: Sequence[TiedCopy], micro_batches: int, ranks_of: Sequen
     (replica by replica), into ``out``.
 
     ``copies``: this rank's copies of one weight, in chunk order; ``ranks_of``: the rank of every chunk.
-    Every member of the group walks the same uses in the same order: the member holding a use
-    broadcasts it (and lets it go), every member adds it to its own running sum.  So besides the
-    gradients it kept, a holder needs three tensors of the weight's size (the one received, the
-    micro-batch's sum, ``out``), not every holder's gradients at once.
+    Every member of the group walks the same uses in the same order.  A micro-batch's partial sum travels
+    along its uses, from the last back to the first: the holder of a use adds its gradient to it in place,
+    and only where the next use is another member's does the partial sum cross the link (an ``isend`` the
+    sender waits for only when it has a few in flight).  The micro-batch's sum is added to the running
+    total on the member that ended the first micro-batch's walk, which broadcasts the total once at the
+    end.  So the link carries one tensor of the weight's size per change of holder per micro-batch, plus
+    the broadcast, and no member copies a gradient it kept (the sum adds into them): the additions, their
+    order and so the bits are those of one process.
     """
     for copy in copies:
         if len(copy.per_micro_batch) != micro_batches:
@@ -109,9 +113,8 @@ def ordered_sum(copies: Sequence[TiedCopy], micro_batches: int, ranks_of: Sequen
     gathered_flags = [torch.empty_like(present) for _ in range(members)]
     dist.all_gather(gathered_flags, present, group=first.group)
     flags = [flag.tolist() for flag in gathered_flags]
-    me = dist.get_rank(first.group)
-    received = torch.empty_like(out)
-    started = False
+    link = _Link(first.group, dist.get_rank(first.group), out)
+    total_at = -1  # the member holding the running total
     for replica in range(first.replicas):
         # (member of the group, row): this replica's chunks in order, uses in forward order
         rows: list[tuple[int, int]] = []
@@ -122,30 +125,76 @@ def ordered_sum(copies: Sequence[TiedCopy], micro_batches: int, ranks_of: Sequen
                 rows.append((member, offset[member]))
                 offset[member] += 1
         for micro_batch in range(micro_batches):
-            per_batch: torch.Tensor | None = None
-            for member, row in reversed(rows):  # walk the uses backwards, as autograd does
-                if not flags[member][row][micro_batch]:
-                    continue
-                if member == me:
+            walk = [(member, row) for member, row in reversed(rows) if flags[member][row][micro_batch]]
+            if not walk:
+                continue
+            at, partial = walk[0][0], None  # where the micro-batch's partial sum is; its value there
+            for member, row in walk:  # the uses backwards, as autograd accumulates them
+                partial, at = link.move(partial, at, member), member
+                if member == link.me:
                     part = mine[row][micro_batch]
                     assert part is not None
                     mine[row][micro_batch] = None
                     part = part.contiguous()  # gloo sends contiguous tensors only
+                    partial = part if partial is None else partial.add_(part)
+            if total_at < 0:
+                total_at = at
+            partial = link.move(partial, at, total_at)
+            if partial is not None:
+                if link.started:
+                    out.add_(partial)
                 else:
-                    part = received
-                dist.broadcast(part, group=first.group, group_src=member)
-                if per_batch is None:
-                    per_batch = part.clone() if part is received else part
-                else:
-                    per_batch.add_(part)
-            if per_batch is not None:
-                if started:
-                    out.add_(per_batch)
-                else:
-                    out.copy_(per_batch)
-                    started = True
-    if not started:
+                    out.copy_(partial)
+                link.spare.append(partial)  # consumed: the next received partial sum lands in it
+            link.started = True
+    link.finish()
+    if link.started:
+        dist.broadcast(out, group=first.group, group_src=total_at)
+    else:
         out.zero_()
+
+
+PENDING = 2  # sends of one weight's ordered sum a member leaves in flight before it waits for the oldest
+
+
+class _Link:
+    """The point-to-point moves of one weight's ordered sum: tagged in walk order, a few sends in flight.
+
+    Waiting for an earlier send cannot deadlock: every member posts its moves in walk order, so the
+    earliest move not yet done has its send posted and its receiver waiting for it.
+    """
+
+    def __init__(self, group: dist.ProcessGroup, me: int, like: torch.Tensor) -> None:
+        self.group, self.me, self.like = group, me, like
+        self.sending: list[tuple[dist.Work | None, torch.Tensor]] = []  # kept alive until their sends complete
+        self.spare: list[torch.Tensor] = []  # buffers of the weight's shape no longer needed
+        self.tag, self.started = 0, False
+
+    def move(self, partial: torch.Tensor | None, source: int, target: int) -> torch.Tensor | None:
+        """``partial`` (on member ``source``) handed to ``target``: the tensor this member now holds of it."""
+        if source == target:
+            return partial
+        self.tag += 1  # every member counts the same moves: a message's tag is its place in the walk
+        if self.me == source:
+            assert partial is not None
+            self.sending.append((dist.isend(partial, group=self.group, group_dst=target, tag=self.tag), partial))
+            if len(self.sending) > PENDING:  # bound the partial sums in flight: the oldest one's buffer is reused
+                work, sent = self.sending.pop(0)
+                if work is not None:
+                    work.wait()
+                self.spare.append(sent)
+            return None
+        if self.me == target:
+            buffer = self.spare.pop() if self.spare else torch.empty_like(self.like)
+            dist.recv(buffer, group=self.group, group_src=source, tag=self.tag)
+            return buffer
+        return None
+
+    def finish(self) -> None:
+        for work, _ in self.sending:
+            if work is not None:
+                work.wait()
+        self.sending.clear()
 
 
 def holders(stage_modules: Sequence[nn.Module]) -> dict[str, tuple[int, ...]]:

@@ -77,12 +77,17 @@ def after_last_action(costs: ChainCosts, segments: Sequence[Segment], where: Seq
                       ranks: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per rank, the seconds of the tied-gradient sum and of the optimizer step (0 without runtime terms).
 
-    The tied sum is the runtime's ordered one (:func:`partitioning.gpu.tied.ordered_sum`): each rank stacks
-    its ``u`` uses' gradients of every micro-batch (two stacks, a concatenation, the padding, the gather's
-    local copy: five copies of ``u m`` gradients), all-gathers them over the ``H`` ranks holding the weight
-    (three collectives: the latency thrice; ``(H - 1) max(u) m`` gradients over the link) and adds all ``T``
-    uses' in order (``T m`` additions, each reading two and writing one), at the memory bandwidth (which
-    counts a copy's read and write).
+    The tied sum is the runtime's ordered one (:func:`partitioning.gpu.tied.ordered_sum`, the default of
+    ``--run`` and ``train-model``; ``--tied-sum allreduce`` is not modelled: the plan does not know the run's
+    choice).  Per micro-batch its partial sum walks the weight's uses from the last back: each use but the
+    walk's first is one addition where it is held (reading two tensors of the weight's size ``S``, writing
+    one), each change of rank along the walk one message of ``S`` (the latency, ``S`` over the link) that
+    the receiving rank waits for, and the rank of the first use adds the sum to the running total.  So a
+    rank pays ``m`` times its additions and received messages (the sender does not wait: the micro-batches'
+    walks overlap), then every holder the total's broadcast (``H - 1`` sends of ``S``), the two small
+    all-gathers of use counts (two latencies), the division by the micro-batch count and the copy into
+    each of the rank's other copies (a read and a write of ``S`` each, at the memory bandwidth, which
+    counts both).
     """
     settings = costs.settings
     if not settings.runtime_terms:
@@ -93,12 +98,19 @@ def after_last_action(costs: ChainCosts, segments: Sequence[Segment], where: Seq
         chunks = {c for c, (i, j) in enumerate(segments) if any(i <= u <= j for u in users)}
         if len(chunks) < 2:
             continue  # one chunk holds it: no copies to sum
-        uses = [sum(1 for u in users if rank_of_block[u] == r) for r in range(ranks)]
-        holders, total = sum(1 for n in uses if n), sum(uses)
-        for r in range(ranks):
-            if uses[r]:
-                gather = (holders - 1) * max(uses) * m * size / settings.bandwidth + 3 * settings.latency
-                tied[r] += gather + (10 * uses[r] + 3 * total) * m * size / settings.memory_bandwidth
+        walk = [rank_of_block[u] for u in sorted(users, reverse=True)]  # the uses' ranks, last use first
+        additions, received = [0] * ranks, [0] * ranks
+        for before, rank in zip(walk, walk[1:]):
+            additions[rank] += 1
+            received[rank] += rank != before
+        additions[walk[-1]] += 1  # the micro-batch's sum into the running total
+        message = size / settings.bandwidth + settings.latency
+        holders = set(walk)
+        for r in holders:
+            copies = sum(1 for c in chunks if where[c] == r)  # a rank's other copies get the sum copied
+            tied[r] += m * (3 * additions[r] * size / settings.memory_bandwidth + received[r] * message)
+            tied[r] += (len(holders) - 1) * size / settings.bandwidth + 3 * settings.latency
+            tied[r] += 2 * copies * size / settings.memory_bandwidth
     params = [0.0] * ranks
     for (i, j), rank in zip(segments, where):
         params[rank] += costs.state_memory(i, j) / settings.state_copies

@@ -7,10 +7,16 @@ micro-batches always predict better), where a per-action overhead makes fewer mi
 from __future__ import annotations
 
 import json
+import statistics
+import time
 
 import pytest
+import torch
+from support.threads import threads
+from torch import nn
 
 from partitioning.cost.calibration import Calibration
+from partitioning.cost.runtime import update_rate
 from partitioning.plan import Block
 from partitioning.solve.auto import micro_batch_counts
 from partitioning.solve.chunks import after_last_action, predict
@@ -55,15 +61,26 @@ def test_latency_delays_each_message_and_the_tail_follows_the_pipeline() -> None
     assert plain.step_time == plain.timeline.step_time and "rank_tied_sync" not in plain.to_dict()
 
 
-def test_the_ordered_tied_sum_moves_every_use_of_every_micro_batch() -> None:
+def test_the_ordered_tied_sum_passes_each_micro_batchs_partial_sum_along_the_uses() -> None:
     # an embedding (block 0) tied to a head (block 3): 100 bytes, one use on each of the 2 ranks, m = 3
     blocks = chain([1.0] * 4, shared={0: ("emb",), 3: ("emb",)})
     each = settings("1f1b", 3, bandwidth=10.0, memory_bandwidth=100.0, latency=0.01, update_rate=1e-9)
     costs = ChainCosts(blocks, each, {"emb": 100})
     tied, _ = after_last_action(costs, [(0, 1), (2, 3)], [0, 1], 2)
-    # gather: (2 - 1) holders x 1 use x 3 micro-batches x 100 B at 10 B/s, 3 latencies; memory: 5 copies of 1 use
-    # x 3 micro-batches (10 x 300 B: a copy reads and writes) and 2 x 3 additions (3 x 2 x 300 B), at 100 B/s
-    assert tied == pytest.approx((30.0 + 0.03 + 48.0, 30.0 + 0.03 + 48.0))
+    # per micro-batch rank 1 sends its use's gradient (100 B at 10 B/s, a latency) and rank 0 adds its own and
+    # adds the sum to the total (2 additions of 3 x 100 B at 100 B/s); then the broadcast (one send, a latency),
+    # the two gathers' latencies and the division (2 x 100 B) on both
+    tail = 10.0 + 0.03 + 2.0
+    assert tied == pytest.approx((3 * (10.01 + 6.0) + tail, tail))
+    # three uses (T5: encoder and decoder embedding, head): rank 1's two are added there, one message per
+    # micro-batch, not one per use
+    three = ChainCosts(chain([1.0] * 4, shared={0: ("emb",), 2: ("emb",), 3: ("emb",)}), each, {"emb": 100})
+    tied, _ = after_last_action(three, [(0, 1), (2, 3)], [0, 1], 2)
+    assert tied == pytest.approx((3 * (10.01 + 6.0) + tail, 3 * 3.0 + tail))
+    # V = 2, looped (chunk c on rank c mod 2): the walk 3 -> 2 -> 0 changes rank once; rank 0 holds two
+    # copies (chunks 0 and 2), and the sum is copied into the second
+    looped, _ = after_last_action(three, [(0, 0), (1, 1), (2, 2), (3, 3)], [0, 1, 0, 1], 2)
+    assert looped == pytest.approx((3 * (10.01 + 9.0) + tail + 2.0, tail))
     alone, _ = after_last_action(costs, [(0, 3)], [0], 1)
     one_chunk = ChainCosts(chain([1.0] * 4, shared={0: ("emb",), 1: ("emb",)}), each, {"emb": 100})
     assert after_last_action(one_chunk, [(0, 1), (2, 3)], [0, 1], 2)[0] == (0.0, 0.0)  # one chunk holds it
@@ -102,3 +119,23 @@ def test_calibrations_without_runtime_terms_read_as_zero() -> None:
     assert not old.settings(Settings()).runtime_terms
     new = Calibration.from_json(json.dumps({**record, "latency": 1e-4, "action_overhead": 5e-5, "update_rate": 1e-9}))
     assert new.settings(Settings()).action_overhead == 5e-5 and new.settings(Settings()).runtime_terms
+
+
+def test_the_calibrated_update_rate_is_the_rate_of_a_step_on_real_gradients() -> None:
+    # one thread, CPU time (the calibration's clock); 4 x 4M floats (64 MB) so that the step is memory-bound as
+    # a model's is.  A calibration on zero gradients measured about 1.5x this step's time per byte.
+    model = nn.ParameterList([nn.Parameter(torch.randn(1024, 4096) * 0.02) for _ in range(4)])
+    with threads(1):
+        rate = update_rate(model, 4, 3, time.thread_time)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+        took = []
+        for attempt in range(4):
+            for parameter in model.parameters():
+                parameter.grad = torch.randn_like(parameter) * 1e-3 / 4  # already scaled, as the engine leaves it
+            start = time.thread_time()
+            optimizer.step()
+            optimizer.zero_grad()
+            if attempt:
+                took.append(time.thread_time() - start)
+    measured = statistics.median(took) / (4 * 1024 * 4096 * 4)
+    assert 0.75 < rate / measured < 1.3, (rate * 1e9, measured * 1e9)

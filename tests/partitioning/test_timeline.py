@@ -4,7 +4,8 @@ One torchrun launch (tiny tied T5, 2 gloo ranks, 3 micro-batches, 2 steps).  The
 rank and step: one forward and one backward per micro-batch of the rank's chunk, in the order the simulator
 runs them (:func:`partitioning.solve.schedules.orders`: the timeline is the schedule that runs); a wait for
 every received activation (rank 1) and gradient (rank 0); the tied-gradient sum; the optimizer step; and
-every span inside its step.  The breakdown then counts each second of a step once.
+every span inside its step.  The breakdown then counts each second of a step once.  A second launch
+(one step) records the ``--tied-sum allreduce`` sum as the same span.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 from support.model_families import FAMILIES
 
 from partitioning.cli import main
+from partitioning.gpu.launch import launch
 from partitioning.gpu.timeline import COMPUTE, breakdown
 from partitioning.solve.schedules import orders
 
@@ -61,6 +63,10 @@ def test_timeline_records_every_action_of_a_1f1b_step(tmp_path: Path, capsys: py
         for rank in (0, 1):
             assert parts[rank]["idle"] >= -1e-9
             assert sum(v for k, v in parts[rank].items() if k != "step") == pytest.approx(parts[rank]["step"])
+    # the other sum (--tied-sum allreduce) is recorded as one tied_sync span per rank and step too
+    launch(tmp_path / "plan.json", 2, 1, timeline, tied_sum="allreduce")
+    kinds = [(e["rank"], e["kind"]) for e in json.loads(timeline.read_text())["events"] if e["kind"] == "tied_sync"]
+    assert sorted(kinds) == [(0, "tied_sync"), (1, "tied_sync")], kinds
 
 
 def test_timeline_needs_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
