@@ -14,7 +14,8 @@ release taken from its side-by-side install (scripts/setup.sh, scripts/install_r
   export = strict and non-strict with dynamic sizes; partition-model = a 2-stage plan (T5: of every class).
 A cell is "yes" or "**no**" with the first failure. Markdown goes to stdout (the full table), one progress line
 per worker run to stderr; --readme also writes the full table into docs/releases.md and the compact one (a
-family x release matrix) into README.md, each between its release-table markers. Exit 0 when every cell is
+family x release matrix) into README.md, each between its release-table markers (rows not run this time are
+kept as the page has them, so one release or family can be refreshed alone). Exit 0 when every cell is
 "yes", 1 otherwise, 2 on bad arguments or a missing install.
 """
 
@@ -141,6 +142,15 @@ def tables(rows: list[list[str]], releases: list[str], families: list[str]) -> d
     return {"full": full, "compact": compact}
 
 
+def previous_rows() -> list[list[str]]:
+    """The rows of the full table docs/releases.md holds now (none before its first run)."""
+    page = next(page for page, which in PAGES.items() if which == "full")
+    text = page.read_text(encoding="utf-8") if page.is_file() else ""
+    start, end = text.find(MARKERS[0]), text.find(MARKERS[1])
+    lines = text[start + len(MARKERS[0]):end].splitlines()[2:] if 0 <= start < end else []
+    return [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in lines if line.startswith("| ")]
+
+
 def write_between_markers(page: Path, table: str) -> str | None:
     """The table written into ``page`` between its markers; the error line when it has none."""
     text = page.read_text(encoding="utf-8")
@@ -187,9 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = [[family, release, converted[family, release],
              *(cell(results[family, release], names) for names in COLUMNS.values())]
             for family in families for release in found if (family, release) in results]
-    made = tables(rows, list(found), [f for f in families if any(row[0] == f for row in rows)])
-    sys.stdout.write(made["full"])
-    if args.readme:
+    sys.stdout.write(tables(rows, list(found), families)["full"])
+    if args.readme:  # the rows run now replace theirs in the page's table; the others are kept
+        kept = {(cells[0], cells[1]): cells for cells in previous_rows()}
+        kept.update({(cells[0], cells[1]): cells for cells in rows})
+        ordered = sorted(kept.values(), key=lambda c: (FAMILIES.index(c[0]), Release.parse(c[1])))
+        releases = sorted({c[1] for c in ordered}, key=Release.parse)
+        made = tables(ordered, releases, [f for f in FAMILIES if any(c[0] == f for c in ordered)])
         for page, which in PAGES.items():
             problem = write_between_markers(page, made[which])
             if problem:

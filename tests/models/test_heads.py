@@ -111,13 +111,25 @@ def test_bart_refuses_rows_with_different_or_no_eos_counts_as_stock_does() -> No
                 model(**kwargs)
 
 
-def test_two_gloo_ranks_train_bert_for_sequence_classification_as_one_process(tmp_path: Path) -> None:
+# The head at 4.5.1 (this process's transformers) and at the later releases where BERT is committed, each run
+# with that release's transformers first on PYTHONPATH (the problem_type loss of 4.6 on: stateless/losses.py).
+HEAD_RELEASES = ["4.5.1"] + [r for r in ("4.57.6", "5.23.0") if (REPO / "generated_models" / "bert" /
+                                                                  f"v{r.replace('.', '_')}").is_dir()]
+
+
+@pytest.mark.parametrize("release", HEAD_RELEASES)
+def test_two_gloo_ranks_train_bert_for_sequence_classification_as_one_process(release: str, tmp_path: Path) -> None:
     """pipelining_worker.py (its family bert-seqcls): 3 Adam steps, losses, gradients and weights torch.equal."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    from conftest import load_script
+
+    installer = load_script("install_releases")
+    first = [] if release == "4.5.1" else [str(installer.install_dir(release))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*first, str(REPO), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     cases = ["2layer-untied-relu:1f1b:2:optimal"]
+    family = "bert-seqcls" if release == "4.5.1" else f"bert-seqcls@{release}"
     result = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node=2", str(SUPPORT / "pipelining_worker.py"),
-                             "--out", str(tmp_path), "--family", "bert-seqcls", *cases], env=env,
+                             "--out", str(tmp_path), "--family", family, *cases], env=env,
                             capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-4000:]
     records = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("*.json"))]

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-
 import torch
 
-from families.family import ModelFamily
 from support import t5_models
 from support.bart_models import BART
 from support.bert_models import BERT
 from support.gpt2_models import GPT2
+from support.heads import sequence_head
 from support.model_checks import Family, Inputs
 from support.roberta_models import ROBERTA
 
@@ -53,28 +50,5 @@ FAMILIES: dict[str, Family] = {"t5": T5, "gpt2": GPT2, "bert": BERT, "roberta": 
 GENERIC = [GPT2, BERT, ROBERTA, BART]
 
 
-@dataclass
-class HeadFamily(Family):
-    """A family whose default class is one of its fine-tuning heads (the pipelining worker trains the default)."""
-
-    head: str = ""
-
-    @property
-    def model_family(self) -> ModelFamily:
-        loaded = ModelFamily.load(self.name, self.version)
-        return ModelFamily(dataclasses.replace(loaded.definition, default_class=self.head), self.version)
-
-
-def _sequence_labels(cfg: object, size: int, seed: int) -> Inputs:
-    """A BertForSequenceClassification training batch: BERT's, with one class index per sequence as labels."""
-    assert BERT.train_batch is not None
-    values = BERT.train_batch(cfg, size, seed)
-    generator = torch.Generator().manual_seed(seed)
-    labels = torch.randint(0, cfg.num_labels, (size,), generator=generator)  # type: ignore[attr-defined]
-    return {"input_ids": values["input_ids"], "attention_mask": values["attention_mask"],
-            "token_type_ids": values["token_type_ids"], "labels": labels}
-
-
 # pipelining_worker.py --family bert-seqcls: BertForSequenceClassification on BERT's configs.
-FAMILIES["bert-seqcls"] = HeadFamily(**{**{f.name: getattr(BERT, f.name) for f in dataclasses.fields(BERT)},
-                                        "train_batch": _sequence_labels, "head": "BertForSequenceClassification"})
+FAMILIES["bert-seqcls"] = sequence_head(BERT)

@@ -39,10 +39,15 @@ def without_dropout(cfg: object) -> object:
 
 @functools.cache
 def family_of(name: str) -> Family:
-    """A 4.5.1 family of model_families.py, or NAME@RELEASE: an LLM at the release this process imports."""
+    """A 4.5.1 family of model_families.py, or NAME@RELEASE: an LLM, or a head family (support/heads.py), at the
+    release this process imports."""
     if "@" in name:
+        base, release = name.split("@")
+        if base.endswith("-seqcls"):
+            from support.heads import head_family_at
+            return head_family_at(base, release)
         from support.llm_pipelining import LLM
-        return LLM(*name.split("@"))  # type: ignore[return-value]
+        return LLM(base, release)  # type: ignore[return-value]
     from support.model_families import FAMILIES
     return FAMILIES[name]
 
