@@ -74,7 +74,7 @@ class DropForwardedKwargs(Transform):
     the recipe lists as ``unread`` does not keep the parameter: it goes from the
     calls with it (``self.self_attn(x, position_ids=p)`` -> ``self.self_attn(x)``
     when only the attention's dropped ``**kwargs`` took it); a function the
-    recipe lists in ``keep`` keeps its parameter.  Imports
+    recipe lists in ``keep`` (by name, or ``Class.method``) keeps its parameter.  Imports
     that only the dropped annotations used go with them.  Lambdas are left alone.
 
     A statement that only pops a named key, its value discarded, shapes nothing but
