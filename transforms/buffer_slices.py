@@ -15,6 +15,18 @@ from transforms.library.submodules import methods
 
 _REGISTER = m.Call(func=m.Attribute(value=m.Name(), attr=m.Name("register_buffer")),
                    args=[m.Arg(value=m.SimpleString()), m.ZeroOrMore()])
+# 5.x registers buffers by assignment: `self.name = nn.Buffer(...)`.
+_ASSIGNED = m.Assign(targets=[m.AssignTarget(target=m.Attribute(value=m.Name(), attr=m.Name()))],
+                     value=m.Call(func=m.Attribute(attr=m.Name("Buffer")) | m.Name("Buffer")))
+
+
+def _buffer_names(node: cst.ClassDef) -> frozenset[str]:
+    """The buffers a class registers, by ``register_buffer("name", ...)`` or ``self.name = nn.Buffer(...)``."""
+    registered = {call.args[0].value.evaluated_value  # type: ignore[attr-defined]  # matched a SimpleString
+                  for call in m.findall(node, _REGISTER) if isinstance(call, cst.Call)}
+    assigned = {assign.targets[0].target.attr.value  # type: ignore[attr-defined]  # matched an Attribute
+                for assign in m.findall(node, _ASSIGNED) if isinstance(assign, cst.Assign)}
+    return frozenset(registered | assigned)
 
 
 @dataclass(frozen=True)
@@ -46,8 +58,8 @@ class BufferSlices(Transform):
     slicing a real tensor with traced bounds fails (``slice indices must be
     integers``).  ``narrow`` is a tensor method, so a traced bound makes fx
     record the call, with the buffer as a ``get_attr`` of its module; torch.export
-    traces either form.  Buffers are found by their ``register_buffer`` call in
-    the same class, or (``self.sub.buf``, a submodule's) in any class of the
+    traces either form.  Buffers are found by their ``register_buffer`` call (5.x: their
+    ``self.name = nn.Buffer(...)`` assignment) in the same class, or (``self.sub.buf``, a submodule's) in any class of the
     file; only subscripts made of plain slices (no step) with some non-literal
     bound are rewritten.  The bounds are sizes: ``narrow`` and
     slicing agree for ``0 <= start <= stop <= size``, where GPT-2's causal mask
@@ -82,10 +94,7 @@ class BufferSlices(Transform):
 
     def focus(self) -> Iterable[cst.CSTNode]:
         found: list[cst.CSTNode] = []
-        classes = {id(node): frozenset(
-            call.args[0].value.evaluated_value  # type: ignore[attr-defined]  # matched a SimpleString
-            for call in m.findall(node, _REGISTER) if isinstance(call, cst.Call))
-            for node in self.index.nodes(cst.ClassDef)}
+        classes = {id(node): _buffer_names(node) for node in self.index.nodes(cst.ClassDef)}
         anywhere = frozenset().union(*classes.values())
         if not anywhere:
             return found

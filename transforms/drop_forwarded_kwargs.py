@@ -30,7 +30,9 @@ class ForwardedKwargsOptions:
     unread: tuple[str, ...] = ()
     # Functions whose `**` parameter stays whatever its uses: called through a registry this module cannot
     # resolve (an LLM's `attention_interface(..., sliding_window=w)`, eager_attention_forward once the
-    # registry is specialized), they take keywords no call here shows.
+    # registry is specialized), they take keywords no call here shows.  A name, or ``Class.method`` for one
+    # method: BERT 5.x's self-attention, called as ``self.self`` whose class __init__ picks by a flag, gets
+    # the cross-attention's keywords through its ``**kwargs``.
     keep: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -72,7 +74,7 @@ class DropForwardedKwargs(Transform):
     the recipe lists as ``unread`` does not keep the parameter: it goes from the
     calls with it (``self.self_attn(x, position_ids=p)`` -> ``self.self_attn(x)``
     when only the attention's dropped ``**kwargs`` took it); a function the
-    recipe lists in ``keep`` keeps its parameter.  Imports
+    recipe lists in ``keep`` (by name, or ``Class.method``) keeps its parameter.  Imports
     that only the dropped annotations used go with them.  Lambdas are left alone.
 
     A statement that only pops a named key, its value discarded, shapes nothing but
@@ -94,7 +96,8 @@ class DropForwardedKwargs(Transform):
         candidates: dict[int, tuple[cst.FunctionDef, list[cst.Arg]]] = {}
         for function in self.index.nodes(cst.FunctionDef):
             param = function.params.star_kwarg
-            if param is not None and self._selected(param) and function.name.value not in self.options.keep:
+            if param is not None and self._selected(param) and function.name.value not in self.options.keep \
+                    and _where(self.index, function) not in self.options.keep:
                 forwarded = self._forwarding_arguments(function, param)
                 if forwarded is not None:
                     candidates[id(function)] = (function, forwarded)

@@ -107,3 +107,24 @@ def test_a_named_functions_module_parameter_slices_buffers_of_the_files_classes(
         ".narrow(3, 0, key_length)")
     assert_rewrites(BufferSlices, FUNCTION, rewritten, functions=["eager_attention_forward"])
     assert_unchanged(BufferSlices, FUNCTION)  # no function named: module-level code is left alone
+
+
+def test_a_buffer_assigned_as_nn_buffer_is_found_like_a_registered_one() -> None:
+    # transformers 5.x: `self.position_ids = nn.Buffer(...)` instead of register_buffer (BERT's embeddings).
+    assert_rewrites(BufferSlices, """\
+        class Embeddings(nn.Module):
+            def __init__(self, n):
+                self.position_ids = nn.Buffer(torch.arange(n).expand((1, -1)), persistent=False)
+                self.table = torch.arange(n)
+
+            def forward(self, seq_length, past):
+                return self.position_ids[:, past : seq_length + past] + self.table[:seq_length]
+        """, """\
+        class Embeddings(nn.Module):
+            def __init__(self, n):
+                self.position_ids = nn.Buffer(torch.arange(n).expand((1, -1)), persistent=False)
+                self.table = torch.arange(n)
+
+            def forward(self, seq_length, past):
+                return self.position_ids.narrow(1, past, (seq_length + past) - past) + self.table[:seq_length]
+        """)

@@ -401,6 +401,28 @@ def test_a_kept_caller_keeps_what_it_forwards_to_to_a_fixed_point() -> None:
     ]
 
 
+def test_keep_names_one_method_as_class_dot_method() -> None:
+    # BERT 5.x: `self.self` is a self- or cross-attention picked in __init__; only the cross-attention names
+    # the keywords the call passes, the self-attention takes them in its **kwargs.
+    assert_rewrites(DropForwardedKwargs, """\
+        class SelfAttention:
+            def forward(self, x, **kwargs):
+                return attend(x, **kwargs)
+
+        class Output:
+            def forward(self, x, **kwargs):
+                return self.dense(x, **kwargs)
+        """, """\
+        class SelfAttention:
+            def forward(self, x, **kwargs):
+                return attend(x, **kwargs)
+
+        class Output:
+            def forward(self, x):
+                return self.dense(x)
+        """, keep=("SelfAttention.forward",))
+
+
 def test_nothing_to_do() -> None:
     assert_unchanged(DropForwardedKwargs, "def f(x, *args):\n    return g(x, *args)\n")
     assert_unchanged(DropForwardedKwargs, "f = lambda x, **kwargs: g(x, **kwargs)\n")  # lambdas are left alone
