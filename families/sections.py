@@ -155,6 +155,10 @@ class AbsentEntry:
     equal: ConfigValues = field(default_factory=dict)
     quotient: dict[Name, Annotated[tuple[Name, Name], Check("[numerator, denominator]", lambda p: len(p) == 2)]] = \
         field(default_factory=dict)
+    # a per-layer list the release derives from a period instead: [the period's key, the item of every period-th
+    # layer] (Gemma 3 before layer_types: sliding_window_pattern k, layer i full when (i + 1) % k == 0)
+    period: dict[Name, Annotated[tuple[Name, str], Check("[period key, item]", lambda p: len(p) == 2)]] = \
+        field(default_factory=dict)
 
     def covers(self, release: str) -> bool:
         return release in VersionRange.parse(self.versions)

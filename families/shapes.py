@@ -89,12 +89,16 @@ def shape_kwargs(definition: Any, shape: str, release: str) -> tuple[dict[str, A
     kwargs, config = definition.shapes[shape], definition.config_class
     kept, left = dict(kwargs), []
     for key in unknown_keys(definition.config_path, kwargs):
-        entry = next((e for e in definition.absent_keys if e.covers(release) and (key in e.equal or key in e.quotient)),
-                     None)
+        entry = next((e for e in definition.absent_keys
+                      if e.covers(release) and (key in e.equal or key in e.quotient or key in e.period)), None)
         if entry is None:
             left.append(key)
             continue
-        if key in entry.equal:
+        if key in entry.period:
+            period_key, item = entry.period[key]
+            kept[period_key] = _period(shape, key, kwargs[key], item, f"the {config} of release {release}")
+            expected, how = kwargs[key], ""
+        elif key in entry.equal:
             expected, how = entry.equal[key], "acts as"
         else:
             numerator, denominator = entry.quotient[key]
@@ -104,6 +108,16 @@ def shape_kwargs(definition: Any, shape: str, release: str) -> tuple[dict[str, A
                             f"no {key} and its model {how} {expected!r}")
         del kept[key]
     return kept, left
+
+
+def _period(shape: str, key: str, items: list[Any], item: str, config: str) -> int:
+    """The period k that makes ``item`` exactly the items at positions k-1, 2k-1, ...; a ``UserError`` if none does."""
+    marked = [i for i, value in enumerate(items) if value == item]
+    period = marked[0] + 1 if marked else len(items) + 1
+    if [(i + 1) % period == 0 for i in range(len(items))] != [value == item for value in items]:
+        raise UserError(f"shape {shape} sets {key} = {items!r}, but {config} has no {key}: it places "
+                        f"{item!r} every k-th layer, and no k gives this list")
+    return period
 
 
 def unknown_keys(path: str, kwargs: Mapping[str, Any]) -> list[str]:

@@ -134,7 +134,23 @@ def test_shape_keys_an_older_config_lacks_are_left_out_only_where_its_model_agre
         shape_kwargs(definition, "wide", "4.40.2")
 
 
-@pytest.mark.parametrize(("family", "release"), [("llama", "4.40.2"), ("qwen2", "4.46.3")])
+def test_a_per_layer_list_an_older_config_derives_from_a_period_becomes_the_period() -> None:
+    """Gemma 3 before layer_types: the shape's list becomes sliding_window_pattern, only where one period gives it."""
+    absent = (AbsentEntry(versions="<4.53", period={"layer_types": ("sliding_window_pattern", "full")}),)
+    every_third = ["sliding", "sliding", "full", "sliding", "sliding", "full", "sliding"]
+    definition = SimpleNamespace(config_class="Namespace", config_path="argparse.Namespace", absent_keys=absent,
+                                 shapes={"third": {"layers": 7, "layer_types": every_third},
+                                         "none": {"layer_types": ["sliding", "sliding"]},
+                                         "odd": {"layer_types": ["sliding", "full", "full"]}})
+    assert shape_kwargs(definition, "third", "4.51.3") == ({"layers": 7, "sliding_window_pattern": 3}, ["layers"])
+    assert shape_kwargs(definition, "none", "4.51.3") == ({"sliding_window_pattern": 3}, [])
+    assert shape_kwargs(definition, "third", "4.57.6")[1] == ["layers", "layer_types"]  # the entry does not cover it
+    with pytest.raises(UserError, match=r"shape odd sets layer_types = .*: it places 'full' every k-th layer, and "
+                                        "no k gives this list"):
+        shape_kwargs(definition, "odd", "4.51.3")
+
+
+@pytest.mark.parametrize(("family", "release"), [("llama", "4.40.2"), ("qwen2", "4.46.3"), ("gemma3", "4.51.3")])
 def test_partition_model_plans_releases_declaring_no_plan(family: str, release: str, tmp_path) -> None:  # noqa: ANN001
     """4.40/4.46 declare no pp_plan: the LLM base's [[pipeline.plans]] stands in; head_dim/mlp_bias are left out."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(installer.install_dir(release)), str(REPO)])}
