@@ -6,11 +6,11 @@ rank) cut between the two layers, and untied at the optimal split. Per-micro-bat
 and every weight after the steps torch.equal to the single process; every replica of the tied weight the
 same; the stages replay the causal mask and the rotary cos/sin their plan names instead of receiving them.
 
-The other families run as a few launches, several families per launch (pipelining_worker.py cases prefixed
-NAME@RELEASE/): Qwen2, Qwen3, Mistral and Gemma 3 at 5.23.0 on 2 ranks, Gemma 3 and Mistral at 4.57.6 on 3
-ranks, Qwen2, Qwen3, Llama, Mistral and Gemma 3 at 4.51.3 on 2 ranks, Llama, Qwen2 and Mistral at 4.46.3 on 3 ranks and
-at 4.40.2 on 2; tied and untied (the untied tiny configs of the windowed
-families have a sliding window of 4 on sequences of 7; Gemma 3 mixes sliding and full layers).
+Then every family at every committed release (two launches per release, one per rank count, all of its
+families in each; pipelining_worker.py cases prefixed NAME@RELEASE/): on 2 ranks tied with GPipe cut inside the
+layers and untied with 1F1B at the optimal split, on 3 ranks untied with GPipe at the optimal split and tied with
+1F1B cut inside the layers and before the norm (the untied tiny configs of the windowed families have a sliding
+window of 4 on sequences of 7; Gemma 3 mixes sliding and full layers).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import load_script
 from support import REPO, SUPPORT, TORCHRUN
+from support.llm_release_worker import FAMILIES
 
 RELEASE = "5.23.0"
 CASES = {  # case -> (stages holding the tied weight, stages that recompute the mask and the rotary embedding)
@@ -61,19 +62,21 @@ def test_pipelined_llama_equals_one_process(tmp_path: Path) -> None:
         assert held == tied, case
 
 
-# release -> (ranks, cases); a case cut by name inside the layers replays the rotary cos/sin (and the mask) on stage 1.
-LAUNCHES = {
-    "5.23.0": (2, ["qwen2@5.23.0/tied:gpipe:2:model.layers.1", "qwen3@5.23.0/untied:1f1b:4:optimal",
-                   "mistral@5.23.0/untied:gpipe:2:model.layers.1", "gemma3@5.23.0/tied:1f1b:4:model.layers.1"]),
-    "4.57.6": (3, ["gemma3@4.57.6/untied:gpipe:3:optimal", "mistral@4.57.6/tied:1f1b:3:model.layers.1,norm"]),
-    "4.51.3": (2, ["qwen2@4.51.3/untied:1f1b:2:model.layers.2", "qwen3@4.51.3/tied:gpipe:2:optimal",
-                   "llama@4.51.3/tied:1f1b:2:model.layers.1", "mistral@4.51.3/untied:gpipe:2:optimal",
-                   "gemma3@4.51.3/tied:gpipe:2:model.layers.1"]),
-    "4.46.3": (3, ["llama@4.46.3/untied:gpipe:3:optimal", "qwen2@4.46.3/tied:1f1b:3:model.layers.1,norm",
-                   "mistral@4.46.3/tied:gpipe:3:optimal"]),
-    "4.40.2": (2, ["llama@4.40.2/tied:gpipe:2:model.layers.1", "qwen2@4.40.2/untied:1f1b:2:optimal",
-                   "mistral@4.40.2/untied:1f1b:2:model.layers.1"]),
-}
+def committed() -> dict[str, list[str]]:
+    """release -> the LLM families committed for it."""
+    found: dict[str, list[str]] = {}
+    for package in sorted((REPO / "generated_models").glob("*/v*/")):
+        if package.parent.name in FAMILIES:
+            found.setdefault(package.name[1:].replace("_", "."), []).append(package.parent.name)
+    return found
+
+
+# (release, ranks) -> cases: every family committed at the release, GPipe and 1F1B, tied and untied, on 2 and on 3
+# ranks; a case cut by name inside the layers replays the rotary cos/sin on stage 1.
+CUTS = {2: ("tied:gpipe:2:model.layers.1", "untied:1f1b:2:optimal"),
+        3: ("untied:gpipe:3:optimal", "tied:1f1b:3:model.layers.1,norm")}
+LAUNCHES = {(release, ranks): [f"{family}@{release}/{cut}" for family in families for cut in cuts]
+            for release, families in committed().items() for ranks, cuts in CUTS.items()}
 
 
 def launch(release: str, ranks: int, cases: list[str], out: Path) -> dict[str, list[dict]]:
@@ -92,9 +95,9 @@ def launch(release: str, ranks: int, cases: list[str], out: Path) -> dict[str, l
     return records
 
 
-@pytest.mark.parametrize("release", sorted(LAUNCHES))
-def test_pipelined_llms_equal_one_process(release: str, tmp_path: Path) -> None:
-    ranks, cases = LAUNCHES[release]
+@pytest.mark.parametrize(("release", "ranks"), sorted(LAUNCHES))
+def test_pipelined_llms_equal_one_process(release: str, ranks: int, tmp_path: Path) -> None:
+    cases = LAUNCHES[release, ranks]
     for case, found in launch(release, ranks, cases, tmp_path).items():
         held: dict[str, list[int]] = {}
         for record in found:
