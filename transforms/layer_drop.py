@@ -200,18 +200,14 @@ class LayerDropLoop(Transform):
         if form.layer_branch is None:  # the continue form: the layer is the rest of the loop body
             skip, run, layer, branch, end = [], list(body[form.end:]), list(range(form.end, len(body))), form.start, len(body)
         else:
-            holder = body[form.layer_branch]
+            holder = body[form.layer_branch]  # ``if to_drop: <skip> else: <layer>``, or 5.x's ``if not to_drop: <layer>``
             assert isinstance(holder, cst.If)
-            if isinstance(holder.orelse, cst.Else):  # ``if to_drop: <skip> else: <layer>``
-                skip, run = list(holder.body.body), list(holder.orelse.body.body)
-            else:  # 5.x: ``if not to_drop: <layer>``
-                skip, run = [], list(holder.body.body)
+            skip, run = ((list(holder.body.body), list(holder.orelse.body.body)) if isinstance(holder.orelse, cst.Else)
+                         else ([], list(holder.body.body)))
             layer, branch, end = None, form.layer_branch, form.end
-        draws = "torch_positive" if form.positive else "torch"
-        if owner.draws == "random":
-            return self._refuse(body[form.start], "the class draws LayerDrop from both random and torch")
-        if owner.draws not in (None, draws):  # one LayerDrop kind per class
-            return self._refuse(body[form.start], "the class draws LayerDrop both with and without p > 0 gating")
+        draws = "torch_positive" if form.positive else "torch"  # one LayerDrop kind per class
+        if owner.draws not in (None, draws):
+            return self._refuse(body[form.start], f"the class draws LayerDrop both as {owner.draws} and as {draws}")
         fit = self._fit(loop, body[form.start], form.variable, form.probability, skip, run, body[form.start:form.end])
         if fit is None:
             return None

@@ -93,10 +93,7 @@ def torch_draw(body: Sequence[cst.BaseStatement], index: int, me: str,
         return None
     probability = test.comparisons[0].comparator
     positive = isinstance(gate.test, cst.BooleanOperation)
-    if positive and not m.matches(gate.test.right, m.Comparison(comparisons=[  # ``and <probability> > 0.0``
-            m.ComparisonTarget(m.GreaterThan(), m.Float() | m.Integer())])) or positive and not (
-            probability.deep_equals(gate.test.right.left)  # type: ignore[attr-defined]
-            and float(gate.test.right.comparisons[0].comparator.value) == 0):  # type: ignore[attr-defined]
+    if positive and not _positive(gate.test.right, probability):  # type: ignore[attr-defined]
         return None
     if flag is None:
         return TorchDraw(start, index + 1, variable, probability, None, None, positive) if m.matches(
@@ -111,6 +108,13 @@ def torch_draw(body: Sequence[cst.BaseStatement], index: int, me: str,
             and isinstance(layer, cst.If) and isinstance(layer.body, cst.IndentedBlock)):
         return None
     return TorchDraw(start, index + 2, variable, probability, flag, index + 1, positive)
+
+
+def _positive(test: cst.BaseExpression, probability: cst.BaseExpression) -> bool:
+    """Whether ``test`` is ``<probability> > 0`` (5.x's ``self.layerdrop > 0.0``)."""
+    return (isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and test.left.deep_equals(probability)
+            and isinstance(test.comparisons[0].operator, cst.GreaterThan)
+            and isinstance(bound := test.comparisons[0].comparator, (cst.Float, cst.Integer)) and bound.evaluated_value == 0)
 
 
 def carried(skip: Sequence[cst.BaseStatement | cst.BaseSmallStatement], run: Sequence[cst.BaseStatement], reads: set[str],

@@ -7,6 +7,10 @@
 # specialized: ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward) -> eager_attention_forward (eager attention: the registry's default, what stock computes with attn_implementation='eager')
 # specialized: 0.0 if not self.training else self.dropout -> self.dropout (F.dropout(x, p, training=False) is x for every p: the eager function reads the module's training flag)
 # specialized: create_causal_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask, past_key_values=self_attn_cache) -> create_causal_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask[:, : inputs_embeds.shape[1]], past_key_values=self_attn_cache) (stock's cache gives the causal mask as many keys as decoder inputs; the keys past them are never read)
+# specialized: torch_compilable_check(torch.unique_consecutive(eos_mask.sum(1)).numel() == 1, "All examples must have the same number of <eos> tokens.") -> torch._assert_async(torch.all(eos_mask.sum(1) == eos_mask.sum(1)[0]), "All examples must have the same number of <eos> tokens.") (the same check on the device: fx and torch.export record it, a data-dependent branch they cannot)
+# specialized: hidden_states[eos_mask, :] -> hidden_states[torch.arange(hidden_states.size(0), device=hidden_states.device), (eos_mask * torch.arange(eos_mask.size(1), device=eos_mask.device)).argmax(-1)] (with as many <eos> in every row (checked above, at least one below), the last of each row's <eos> hidden states is the one at its largest <eos> position)
+# specialized: torch_compilable_check(selected.shape[0] // hidden_states.shape[0] >= 1, "Each example must contain at least one <eos> token.") -> torch._assert_async(eos_mask.sum(1)[0] > 0, "Each example must contain at least one <eos> token.") (the same check on the device (every row has as many <eos> as the first, checked above))
+# specialized: selected.view(hidden_states.size(0), -1, hidden_states.size(-1))[:, -1, :] -> selected (selected already holds each row's last <eos> hidden state (the read above))
 # regenerate: convert-model bart --version 5.23.0
 
 # Copyright 2021 The Fairseq Authors and The HuggingFace Inc. team. All rights reserved.
@@ -953,16 +957,10 @@ class BartForSequenceClassification(BartPreTrainedModel):
 
         eos_mask = input_ids.eq(self.config.eos_token_id).to(hidden_states.device)
 
-        torch_compilable_check(
-            torch.unique_consecutive(eos_mask.sum(1)).numel() == 1,
-            "All examples must have the same number of <eos> tokens.",
-        )
-        selected = hidden_states[eos_mask, :]
-        torch_compilable_check(
-            selected.shape[0] // hidden_states.shape[0] >= 1,
-            "Each example must contain at least one <eos> token.",
-        )
-        sentence_representation = selected.view(hidden_states.size(0), -1, hidden_states.size(-1))[:, -1, :]
+        torch._assert_async(torch.all(eos_mask.sum(1) == eos_mask.sum(1)[0]), "All examples must have the same number of <eos> tokens.")
+        selected = hidden_states[torch.arange(hidden_states.size(0), device=hidden_states.device), (eos_mask * torch.arange(eos_mask.size(1), device=eos_mask.device)).argmax(-1)]
+        torch._assert_async(eos_mask.sum(1)[0] > 0, "Each example must contain at least one <eos> token.")
+        sentence_representation = selected
         logits = self.classification_head(sentence_representation)
 
         loss = None
