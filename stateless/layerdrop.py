@@ -66,6 +66,9 @@ def _decide(gate: LayerDrop, p: float, like: torch.Tensor) -> torch.Tensor:
         # HF 4.35 on: one torch.rand([]) per layer in training only, from the generator dropout uses, so it
         # is drawn whatever p is (later dropout masks stay stock's); traced ops, which export records.
         return torch.rand([]) < p if gate.training else torch.zeros((), dtype=torch.bool)
+    if gate.draws == "torch_positive":
+        # HF 5.x: the same draw, made only when p > 0 (p is the config's number: a Python branch).
+        return torch.rand([]) < p if gate.training and p > 0 else torch.zeros((), dtype=torch.bool)
     if p == 0:
         if not torch.compiler.is_compiling():  # dynamo refuses a Python draw in an exported graph
             random.uniform(0, 1)  # stock draws whatever the probability
@@ -83,13 +86,14 @@ class LayerDrop(nn.Module):
 
     Its ``training`` flag is the decision's, so ``.train()``/``.eval()`` of the model (or of a
     graph traced from it) switch layer drop on and off.  ``draws``: what stock draws from, Python's
-    ``random`` on every call (``"random"``) or torch's generator in training only (``"torch"``, HF 4.35 on).
+    ``random`` on every call (``"random"``) or torch's generator in training only (``"torch"``, HF 4.35 on;
+    ``"torch_positive"``, HF 5.x: in training only when ``p > 0``).
     """
 
     def __init__(self, draws: str = "random") -> None:
         super().__init__()
-        if draws not in ("random", "torch"):
-            raise ValueError(f"LayerDrop draws from 'random' or 'torch', not {draws!r}")
+        if draws not in ("random", "torch", "torch_positive"):
+            raise ValueError(f"LayerDrop draws from 'random', 'torch' or 'torch_positive', not {draws!r}")
         self.draws = draws
 
     def forward(self, p: float, like: torch.Tensor) -> torch.Tensor:

@@ -24,8 +24,8 @@ class Fp16Clamp(LeafHelperRewrite):
     clamped tensor with ``torch.where`` instead.  Leading comments stay; a block
     whose bound is read elsewhere is left alone with a warning.  The guard may
     also fire on NaN elements (``... and (torch.isinf(x).any() or
-    torch.isnan(x).any())``, BART's encoder layer); the helper then gets
-    ``nan=True``.  Option ``module`` is where the generated code imports the
+    torch.isnan(x).any())``, BART's encoder layer, or ``... and not
+    torch.isfinite(x).all()``, its 5.x form); the helper then gets ``nan=True``.  Option ``module`` is where the generated code imports the
     helper from::
 
         if hidden_states.dtype == torch.float16 and torch.isinf(hidden_states).any():  # before
@@ -43,6 +43,10 @@ class Fp16Clamp(LeafHelperRewrite):
         is_half = m.Comparison(left=x_dtype, comparisons=[m.ComparisonTarget(m.Equal(), self.resolves_to(*FLOAT16))])
         has_inf = self._any(x, "torch.isinf")
         has_inf_or_nan = m.BooleanOperation(left=has_inf, operator=m.Or(), right=self._any(x, "torch.isnan"))
+        # 5.x: ``not torch.isfinite(x).all()``, the same inf-or-NaN guard.
+        not_finite = m.UnaryOperation(operator=m.Not(), expression=m.Call(
+            func=m.Attribute(value=m.Call(func=self.resolves_to("torch.isfinite"), args=[_positional(x)]),
+                             attr=m.Name("all")), args=[]))
         finfo_max = m.Attribute(value=m.Call(func=self.resolves_to("torch.finfo"), args=[_positional(x_dtype)]),
                                 attr=m.Name("max"))
         bound_value = m.Assign(targets=[m.AssignTarget(bound)],
@@ -56,7 +60,7 @@ class Fp16Clamp(LeafHelperRewrite):
         )
         clamp = m.Assign(targets=[m.AssignTarget(x)],
                          value=m.Call(func=self.resolves_to("torch.clamp"), args=clamp_args))
-        return m.If(test=m.BooleanOperation(left=is_half, operator=m.And(), right=has_inf | has_inf_or_nan),
+        return m.If(test=m.BooleanOperation(left=is_half, operator=m.And(), right=has_inf | has_inf_or_nan | not_finite),
                     body=block(bound_value, clamp), orelse=None)
 
     def _any(self, x: m.BaseExpressionMatchType, test: str) -> m.Call:
@@ -80,7 +84,7 @@ class Fp16Clamp(LeafHelperRewrite):
         call = self.helper_call(cst.Name(x.value))
         test = node.test
         assert isinstance(test, cst.BooleanOperation)
-        if isinstance(test.right, cst.BooleanOperation):  # the guard also fires on NaN
+        if isinstance(test.right, (cst.BooleanOperation, cst.UnaryOperation)):  # the guard also fires on NaN
             call = call.with_changes(args=[*call.args, cst.Arg(cst.Name("True"), keyword=cst.Name("nan"), equal=cst.AssignEqual(
                 cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
         return cst.Assign(targets=[cst.AssignTarget(cst.Name(x.value))], value=call)

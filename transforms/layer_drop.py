@@ -189,7 +189,7 @@ class LayerDropLoop(Transform):
         if not isinstance(branch.body, cst.IndentedBlock) and skip:
             return self._refuse(branch, "the branch is on one line")
         fit = self._fit(loop, branch, variable, probability, skip, run, [body[draw], branch])
-        if fit is None or owner.draws == "torch":
+        if fit is None or owner.draws in ("torch", "torch_positive"):
             return None if fit is None else self._refuse(branch, "the class draws LayerDrop from both random and torch")
         owner.draws = "random"
         return _Idiom(draw, draw + 1, end, me, probability, fit, layer)
@@ -200,16 +200,19 @@ class LayerDropLoop(Transform):
         if form.layer_branch is None:  # the continue form: the layer is the rest of the loop body
             skip, run, layer, branch, end = [], list(body[form.end:]), list(range(form.end, len(body))), form.start, len(body)
         else:
-            holder = body[form.layer_branch]
-            assert isinstance(holder, cst.If) and isinstance(holder.orelse, cst.Else)
-            skip, run, layer, branch, end = list(holder.body.body), list(holder.orelse.body.body), None, form.layer_branch, form.end
-        if owner.draws == "random":
-            return self._refuse(body[form.start], "the class draws LayerDrop from both random and torch")
+            holder = body[form.layer_branch]  # ``if to_drop: <skip> else: <layer>``, or 5.x's ``if not to_drop: <layer>``
+            assert isinstance(holder, cst.If)
+            skip, run = ((list(holder.body.body), list(holder.orelse.body.body)) if isinstance(holder.orelse, cst.Else)
+                         else ([], list(holder.body.body)))
+            layer, branch, end = None, form.layer_branch, form.end
+        draws = "torch_positive" if form.positive else "torch"  # one LayerDrop kind per class
+        if owner.draws not in (None, draws):
+            return self._refuse(body[form.start], f"the class draws LayerDrop both as {owner.draws} and as {draws}")
         fit = self._fit(loop, body[form.start], form.variable, form.probability, skip, run, body[form.start:form.end])
         if fit is None:
             return None
-        owner.draws = "torch"
-        return _Idiom(form.start, branch, end, me, form.probability, fit, layer, "torch")
+        owner.draws = draws
+        return _Idiom(form.start, branch, end, me, form.probability, fit, layer, draws)
 
     def _fit(self, loop: cst.For, where: cst.CSTNode, variable: str, probability: cst.BaseExpression,
              skip: Sequence[cst.BaseStatement | cst.BaseSmallStatement], run: list[cst.BaseStatement],
@@ -260,9 +263,10 @@ class LayerDropLoop(Transform):
     def _replacement(self, site: _Idiom, statements: list[cst.BaseStatement], gate: str) -> list[cst.BaseStatement]:
         draw, branch = statements[site.draw], statements[site.branch]
         assert isinstance(branch, cst.If)
-        if site.run is None:
-            assert isinstance(branch.orelse, cst.Else) and isinstance(branch.orelse.body, cst.IndentedBlock)
-            run = list(branch.orelse.body.body)
+        if site.run is None:  # the flag form's layer: ``else:`` of ``if to_drop:``, or ``if not to_drop:`` (5.x)
+            held = branch.orelse.body if isinstance(branch.orelse, cst.Else) else branch.body
+            assert isinstance(held, cst.IndentedBlock)
+            run = list(held.body)
         else:
             run = [statements[index] for index in site.run]
         if run:  # the function's body starts at its first statement, not at a blank line
@@ -289,7 +293,7 @@ class LayerDropLoop(Transform):
         if owner.gate is None:
             return updated_node
         assert owner.site is not None
-        draws = '"torch"' if owner.draws == "torch" else ""
+        draws = f'"{owner.draws}"' if owner.draws in ("torch", "torch_positive") else ""
         line = cst.parse_statement(f"{owner.site.receiver}.{owner.gate} = {self.options.module}.LayerDrop({draws})\n")
         assert isinstance(line, cst.SimpleStatementLine)
         return append_to_init(updated_node, owner.site, [line])

@@ -101,7 +101,14 @@ def check_stateless(family: Family) -> Iterator[Case]:
 
             def run(config_name: str = config_name, class_name: str = class_name) -> None:
                 reference, converted = family.pair(class_name, config_name)
-                converted.make_stateless()
+                try:
+                    converted.make_stateless()
+                except ValueError as exc:
+                    # transformers 5.x ties BART's embeddings only with tie_word_embeddings: untied, stock shares
+                    # nothing, and the stateless form (one parameter for what is shared) refuses in one line.
+                    if "does not tie its weight" in str(exc) and _shares_nothing(reference, family.shared_key(class_name)):
+                        return
+                    raise
                 state = converted.stateful_state_dict()
                 assert sorted(state) == sorted(reference.state_dict()), "stateful_state_dict() keys differ"
                 assert all(torch.equal(state[k], v) for k, v in reference.state_dict().items()), "values differ"
@@ -117,6 +124,12 @@ def check_stateless(family: Family) -> Iterator[Case]:
                 assert assert_equal_gradients(converted, reference, {weight: key}) > 10, "too few gradients"
                 assert converted.get_parameter(weight).grad.abs().sum() > 0, "the shared weight got no gradient"
             yield f"{class_name}/{config_name}", run
+
+
+def _shares_nothing(reference: torch.nn.Module, key: str | None) -> bool:
+    """Whether no other state-dict entry of the stock model shares the storage of the shared weight ``key``."""
+    state = reference.state_dict(keep_vars=True)
+    return key is not None and sum(v is state[key] for v in state.values()) == 1
 
 
 def check_fx(family: Family) -> Iterator[Case]:

@@ -68,6 +68,35 @@ def test_bart_guard_with_nan_passes_nan_true() -> None:
         """)
 
 
+BART5_CLAMP = """\
+    if hidden_states.dtype == torch.float16 and not torch.isfinite(hidden_states).all():
+        clamp_value = torch.finfo(hidden_states.dtype).max - 1000
+        hidden_states = torch.clamp(hidden_states, min=-clamp_value, max=clamp_value)
+"""
+
+
+def test_bart5_not_isfinite_guard_passes_nan_true() -> None:
+    before = "import torch\n\n\ndef forward(hidden_states):\n" + BART5_CLAMP + "    return hidden_states\n"
+    after = """\
+        import torch
+        from stateless import clamp_inf_fp16
+
+        torch.fx.wrap("clamp_inf_fp16")
+
+
+        def forward(hidden_states):
+            hidden_states = clamp_inf_fp16(hidden_states, nan=True)
+            return hidden_states
+        """
+    assert_rewrites(Fp16Clamp, before, after)
+    assert_unchanged(Fp16Clamp, dedent(after))  # idempotent
+
+
+def test_isfinite_without_not_is_left_alone() -> None:
+    assert_unchanged(Fp16Clamp, "import torch\n\n\ndef forward(hidden_states):\n"
+                     + BART5_CLAMP.replace("not torch.isfinite", "torch.isfinite") + "    return hidden_states\n")
+
+
 @pytest.mark.parametrize("bounds", [
     "-c, c",
     "-c, max=c",

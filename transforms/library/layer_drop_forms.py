@@ -18,6 +18,9 @@ only, is found here::
         layer_outputs = (None, None)
     else:
         ...                                        # the layer
+
+5.x draws only when the probability is positive (``if self.training and self.layerdrop > 0.0:``, the
+draw kind ``"torch_positive"``), and its flag form holds the layer in ``if not to_drop:`` (no ``else``).
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ class TorchDraw:
     variable: str  # ``dropout_probability``
     probability: cst.BaseExpression
     flag: str | None  # the flag form's ``to_drop``; None: the continue form
-    layer_branch: int | None  # the flag form's ``if to_drop: ... else: <layer>``
+    layer_branch: int | None  # the flag form's ``if to_drop: ... else: <layer>`` (or ``if not to_drop: <layer>``)
+    positive: bool = False  # drawn only when the probability is positive (5.x)
 
 
 def python_draw_test(me: str, variable: str) -> m.BooleanOperation:
@@ -71,7 +75,8 @@ def torch_draw(body: Sequence[cst.BaseStatement], index: int, me: str,
         if index >= len(body):
             return None
     gate = body[index]
-    if not (m.matches(gate, m.If(test=m.Attribute(value=m.Name(me), attr=m.Name("training")), orelse=None))
+    training = m.Attribute(value=m.Name(me), attr=m.Name("training"))
+    if not (m.matches(gate, m.If(test=training | m.BooleanOperation(left=training, operator=m.And()), orelse=None))
             and isinstance(gate, cst.If) and isinstance(gate.body, cst.IndentedBlock) and len(gate.body.body) == 2):
         return None
     draw, branch = gate.body.body
@@ -87,18 +92,29 @@ def torch_draw(body: Sequence[cst.BaseStatement], index: int, me: str,
             and isinstance(test.comparisons[0].operator, cst.LessThan)):
         return None
     probability = test.comparisons[0].comparator
+    positive = isinstance(gate.test, cst.BooleanOperation)
+    if positive and not _positive(gate.test.right, probability):  # type: ignore[attr-defined]
+        return None
     if flag is None:
-        return TorchDraw(start, index + 1, variable, probability, None, None) if m.matches(
+        return TorchDraw(start, index + 1, variable, probability, None, None, positive) if m.matches(
             branch.body, _CONTINUE) else None
     sets_flag = m.IndentedBlock(body=[m.SimpleStatementLine(body=[m.Assign(
         targets=[m.AssignTarget(m.Name(flag))], value=m.Name("True"))])])
     if not m.matches(branch.body, sets_flag) or index + 1 >= len(body):
         return None
     layer = body[index + 1]
-    if not (m.matches(layer, m.If(test=m.Name(flag), orelse=m.Else())) and isinstance(layer, cst.If)
-            and isinstance(layer.body, cst.IndentedBlock)):
+    if not (m.matches(layer, m.If(test=m.Name(flag), orelse=m.Else()) | m.If(
+            test=m.UnaryOperation(operator=m.Not(), expression=m.Name(flag)), orelse=None))
+            and isinstance(layer, cst.If) and isinstance(layer.body, cst.IndentedBlock)):
         return None
-    return TorchDraw(start, index + 2, variable, probability, flag, index + 1)
+    return TorchDraw(start, index + 2, variable, probability, flag, index + 1, positive)
+
+
+def _positive(test: cst.BaseExpression, probability: cst.BaseExpression) -> bool:
+    """Whether ``test`` is ``<probability> > 0`` (5.x's ``self.layerdrop > 0.0``)."""
+    return (isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and test.left.deep_equals(probability)
+            and isinstance(test.comparisons[0].operator, cst.GreaterThan)
+            and isinstance(bound := test.comparisons[0].comparator, (cst.Float, cst.Integer)) and bound.evaluated_value == 0)
 
 
 def carried(skip: Sequence[cst.BaseStatement | cst.BaseSmallStatement], run: Sequence[cst.BaseStatement], reads: set[str],
