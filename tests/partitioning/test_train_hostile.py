@@ -7,12 +7,18 @@ files with wrong fields, types, lengths, or none; --save over a file or a direct
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
+from support import REPO
 from test_train_model import save_checkpoint, write_data, write_plan
 
 from partitioning.train.cli import main
@@ -163,3 +169,44 @@ def test_the_command_trains_and_a_failing_rank_is_one_line(setup: dict[str, Path
     assert code == 2 and err.count("\n") == 1, err
     assert "train-model (rank 1): error: cannot read" in err and "stage-1.pt" in err, err
     assert {path.name: path.read_bytes() for path in out.iterdir() if path.is_file()} == before  # intact
+
+
+def _rank_pids(plan: Path) -> dict[int, int]:
+    """RANK -> pid of train-model's rank processes for ``plan`` (torchrun's children)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"partitioning.train.rank" in command and str(plan).encode() in command:
+            rank = [v for v in environ if v.startswith(b"RANK=")]
+            if rank and b"torch.distributed.run" not in command:
+                found[int(rank[0][5:])] = int(entry.name)
+    return found
+
+
+def test_a_rank_killed_mid_run_is_one_line_and_the_last_save_resumes(setup: dict[str, Path]) -> None:
+    """SIGKILL of rank 1 while it trains (saving every step): exit 2, one line naming the rank, and the checkpoint
+    the run last committed is whole: it resumes for one more step."""
+    out = setup["root"] / "killed"
+    base = ["--plan", str(setup["plan"]), "--data", str(setup["data"]), "--save", str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen([sys.executable, "-m", "partitioning.train", *base, "--checkpoint",
+                              str(setup["checkpoint"]), "--steps", "100000", "--save-every", "1"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline, ranks = time.monotonic() + 240, {}
+    while time.monotonic() < deadline and child.poll() is None and not ((out / "config.json").is_file() and
+                                                                         len(ranks) == 2):
+        time.sleep(0.3)
+        ranks = _rank_pids(setup["plan"])
+    assert len(ranks) == 2 and (out / "config.json").is_file(), child.communicate()
+    os.kill(ranks[1], signal.SIGKILL)
+    _, err = child.communicate(timeout=300)
+    assert child.returncode == 2 and err.count("\n") == 1, err
+    assert err.startswith("train-model: error: ") and "rank 1" in err, err
+    saved = json.loads((out / "train_state.json").read_text())["step"]
+    assert saved >= 1
+    assert main([*base, "--resume", str(out), "--steps", str(saved + 1)]) == 0
+    assert json.loads((out / "train_state.json").read_text())["step"] == saved + 1
