@@ -4,7 +4,8 @@ One worker process per release checks every seed family committed for it (tests/
 eval, train loss and every gradient, state-dict keys, stateless, fx on two shapes, train-mode graph, export strict
 and non-strict with dynamic sizes), with PYTHONPATH set to that release's side-by-side install. 4.5.1, the release
 installed in .venv, is checked in this process by tests/models/. A package committed without its stock install
-fails here; nothing is skipped.
+fails here; nothing is skipped. That each package is what the converter writes is
+tests/releases/test_committed_packages.py's (one --check-all).
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from conftest import load_script
 from support import REPO
 from support.seed_release_worker import CHECKS, run_in_subprocess
 from support.seed_releases import FAMILIES
-
-from families.layout import version_dir
 
 installer = load_script("install_releases")
 GENERATED = REPO / "generated_models"
@@ -60,22 +59,6 @@ def test_generated_seed_families_equal_stock(release: str, tmp_path: Path) -> No
     assert sorted(record["families"]) == sorted(families)
     assert all(tuple(checks) == CHECKS and all(c["passed"] > 0 for c in checks.values())
                for checks in record["families"].values())
-
-
-@pytest.mark.parametrize(("family", "release"), sorted((f, r) for r, fs in COMMITTED.items() for f in fs))
-def test_committed_package_is_what_the_converter_writes(family: str, release: str,
-                                                        capsys: pytest.CaptureFixture[str],
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """``convert-model FAMILY --version X --check`` from the release's own files: no drift, no warning."""
-    from converter.cli import main
-
-    assert (GENERATED / family / version_dir(release)).is_dir()
-    monkeypatch.chdir(REPO)
-    code = main([family, "--version", release, "--source-dir", str(installer.install_dir(release)), "--check",
-                 "--no-verify"])
-    captured = capsys.readouterr()
-    assert code == 0, captured.out[-3000:] + captured.err
-    assert "found nothing" not in captured.err and "unverified" not in captured.err, captured.err
 
 
 def test_the_worker_reports_a_generated_model_that_differs(tmp_path: Path) -> None:
