@@ -24,7 +24,9 @@ REPO = Path(__file__).parent.parent
 
 # The longest tests (each spawns processes for a minute or so) run first: with two xdist workers,
 # one started last would leave the other core idle until it ends.
-SLOW_FIRST = ("test_t5_releases.py", "test_committed_packages.py", "test_pipelining.py", "test_real_weights.py", "test_model_tracing.py")
+SLOW_FIRST = ("test_seed_releases.py", "test_t5_releases.py", "test_llm_releases.py", "test_llm_pipelining.py",
+              "test_committed_packages.py", "test_pipelining_four_ranks.py", "test_pipelining.py",
+              "test_pipelining_schedules.py", "test_real_weights.py", "test_model_tracing.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
