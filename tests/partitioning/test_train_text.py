@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from support.gpt2_models import TRAIN_SEQUENCE
+from support.threads import RANK_THREADS
 from test_train_model import OPTIONS, assert_saved_equals, reference, save_checkpoint, write_plan
 
 from partitioning.train.cli import main
@@ -43,7 +44,9 @@ def test_pack(tmp_path: Path) -> None:
     assert rows == [{"input_ids": IDS[:10], "labels": IDS[:10]}, {"input_ids": IDS[10:], "labels": IDS[10:]}]
 
 
-def test_text_trains_gpt2_as_one_process_and_hostile_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_text_trains_gpt2_as_one_process_and_hostile_input(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", str(RANK_THREADS))  # the ranks' count, as the reference runs with
     checkpoint, tokenizer = tmp_path / "checkpoint", write_tokenizer(tmp_path / "checkpoint")
     cfg = save_checkpoint("gpt2", checkpoint)
     plan, text = tmp_path / "plan.json", tmp_path / "text.txt"
