@@ -196,7 +196,7 @@ def test_a_rank_killed_mid_run_is_one_line_and_the_last_save_resumes(setup: dict
     child = subprocess.Popen([sys.executable, "-m", "partitioning.train", *base, "--checkpoint",
                               str(setup["checkpoint"]), "--steps", "100000", "--save-every", "1"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline, ranks = time.monotonic() + 240, {}
+    deadline, ranks = time.monotonic() + 240, dict[int, int]()
     while time.monotonic() < deadline and child.poll() is None and not ((out / "config.json").is_file() and
                                                                          len(ranks) == 2):
         time.sleep(0.3)
