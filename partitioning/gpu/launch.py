@@ -59,7 +59,7 @@ def _torchrun(command: list[str], env: dict[str, str], prog: str = TRAIN) -> Non
                 print(line.rstrip(), flush=True)
             if line.startswith(f"{prog} (rank ") and ": error: " in line:
                 reported.append(line.rstrip())
-            tail = (tail + [line.rstrip()])[-40:]
+            tail = (tail + [line.rstrip()])[-200:]  # torchrun's summary: about 8 lines per failed rank
         child.wait()
     finally:
         if child.poll() is None:  # interrupted: stop torchrun and the ranks it started
@@ -67,8 +67,24 @@ def _torchrun(command: list[str], env: dict[str, str], prog: str = TRAIN) -> Non
         if child.stdout is not None:
             child.stdout.close()
     if child.returncode:
-        raise UserError(f"the pipelined run failed (torchrun exit {child.returncode}): "
-                        f"{reported[0] if reported else _failure(tail)}")
+        raise UserError(f"the pipelined run failed (torchrun exit {child.returncode}): {_cause(reported, tail)}")
+
+
+def _cause(reported: list[str], tail: list[str]) -> str:
+    """Why the run failed. A rank killed by a signal could not say so itself, and the errors its peers then report
+    ("connection closed by peer") are consequences: the killed rank is the cause. torchrun lists the ranks it saw
+    fail (those it stopped because of them are not listed), each with its exit code, negative for a signal."""
+    ranks = [line.split(":", 1)[1].split()[0] for line in tail if line.strip().startswith("rank ")]
+    codes = [line.split(":", 1)[1].split()[0] for line in tail if line.strip().startswith("exitcode ")]
+    killed = sorted({(int(rank), -int(code)) for rank, code in zip(ranks, codes, strict=False)
+                     if code.lstrip("-").isdigit() and int(code) < 0})
+    if killed:
+        rank, signum = killed[0]
+        try:
+            return f"rank {rank} was killed by signal {signum} ({signal.Signals(signum).name})"
+        except ValueError:  # a number no signal has here
+            return f"rank {rank} was killed by signal {signum}"
+    return reported[0] if reported else _failure(tail)
 
 
 def _stop(child: subprocess.Popen[str]) -> None:
@@ -88,11 +104,11 @@ def _failure(tail: list[str]) -> str:
     """The line of torchrun's output that says why a rank failed (its summary names the rank and the cause)."""
     roots = [i for i, line in enumerate(tail) if line.startswith("Root Cause")]
     tail = tail[roots[-1]:] if roots else tail  # the first failure, not the ranks torchrun stopped because of it
-    rank = next((line.split(":", 1)[1].strip() for line in tail if line.strip().startswith("rank ")), None)
+    rank = next((line.split(":", 1)[1].split()[0] for line in tail if line.strip().startswith("rank ")), None)
     cause = next((line.split(":", 1)[1].strip() for line in tail if line.strip().startswith("traceback ")), None)
     if cause and "To enable traceback" not in cause:
         return f"rank {rank}: {cause}" if rank else cause
-    code = next((line.split(":", 1)[1].strip() for line in tail if line.strip().startswith("exitcode ")), None)
+    code = next((line.split(":", 1)[1].split()[0] for line in tail if line.strip().startswith("exitcode ")), None)
     if code:
         return f"rank {rank} exited with code {code}" if rank else f"a rank exited with code {code}"
     errors = [line for line in tail if "error" in line.lower()]
