@@ -71,13 +71,14 @@ def _torchrun(command: list[str], env: dict[str, str], prog: str = TRAIN) -> Non
 
 
 def _cause(reported: list[str], tail: list[str]) -> str:
-    """Why the run failed. A rank killed by a signal could not say so itself, and the errors its peers then report
-    ("connection closed by peer") are consequences: the killed rank is the cause. torchrun lists the ranks it saw
-    fail (those it stopped because of them are not listed), each with its exit code, negative for a signal."""
+    """Why the run failed. A rank killed by a signal cannot say so itself, and the errors its peers then report
+    ("connection closed by peer") are consequences: the killed rank is the cause. torchrun's summary lists every
+    rank with its exit code (negative: a signal), also those it stopped itself with SIGTERM after the first failure,
+    so a SIGTERM there is torchrun's own, not a cause."""
     ranks = [line.split(":", 1)[1].split()[0] for line in tail if line.strip().startswith("rank ")]
     codes = [line.split(":", 1)[1].split()[0] for line in tail if line.strip().startswith("exitcode ")]
     killed = sorted({(int(rank), -int(code)) for rank, code in zip(ranks, codes, strict=False)
-                     if code.lstrip("-").isdigit() and int(code) < 0})
+                     if code.lstrip("-").isdigit() and int(code) < 0 and -int(code) != signal.SIGTERM})
     if killed:
         rank, signum = killed[0]
         try:

@@ -25,3 +25,9 @@ def test_a_rank_killed_by_a_signal_is_the_cause_not_the_peer_that_lost_it() -> N
 def test_without_a_signal_the_ranks_own_line_is_the_cause() -> None:
     assert _cause([PEER], _summary({0: 1})) == PEER
     assert _cause([], _summary({2: 3})) == "rank 2 exited with code 3"
+
+
+def test_the_ranks_torchrun_stopped_itself_are_not_the_cause() -> None:
+    # torchrun stops the surviving ranks with SIGTERM and lists them too
+    assert _cause([], _summary({0: -15, 1: -9})) == "rank 1 was killed by signal 9 (SIGKILL)"
+    assert _cause([PEER], _summary({0: 1, 1: -15})) == PEER
