@@ -18,6 +18,7 @@ import pytest
 import torch
 from support import REPO, SUPPORT, TORCHRUN, real_weights
 from support.heads import HEADS as PIPELINED
+from support.heads import head_family_at
 from support.model_checks import Family, assert_equal_gradients, fx_trace, scalar
 from support.model_families import FAMILIES
 
@@ -110,6 +111,26 @@ def test_bart_refuses_rows_with_different_or_no_eos_counts_as_stock_does() -> No
         for model in (converted, traced):
             with pytest.raises(RuntimeError, match="same number of <eos> tokens"):
                 model(**kwargs)
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINED))
+def test_pipelined_head_batches_are_what_users_feed(name: str) -> None:
+    """support/heads.py's batches: the pad id exactly where the mask is 0, labels of the head's kind (-100 on the
+    padding of token labels), BART's one </s> per row at its last real token, and micro-batches padded unlike."""
+    head, family = PIPELINED[name], head_family_at(name, "4.5.1")
+    assert family.model_family.definition.default_class == head.class_name and family.train_batch is not None
+    cfg = family.make_config(head.config)
+    values = family.train_batch(cfg, 4, 10)
+    ids, mask, labels = values["input_ids"], values["attention_mask"], values["labels"]
+    assert torch.equal(ids == cfg.pad_token_id, mask == 0) and (mask == 0).any()
+    assert not torch.equal(mask[:2], mask[2:])  # the two micro-batches of the pipelined cases
+    assert labels.shape == (ids.shape if head.labels == "token" else ids.shape[:1])
+    if head.labels == "token":
+        assert torch.equal(labels == -100, mask == 0)
+    assert labels.max() < cfg.num_labels
+    if head.ends_with_eos:
+        ends = mask.sum(1) - 1
+        assert torch.equal((ids == cfg.eos_token_id).nonzero()[:, 1], ends)
 
 
 # Every head pipelined at 4.5.1 (this process's transformers) and at the later releases where all their base

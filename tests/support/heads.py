@@ -4,9 +4,9 @@ process imports (4.5.1: the .venv's transformers; any other: its side-by-side in
 
 A head is data (:data:`HEADS`): its class, its base family (``support/<base>_models.py``, whose configs and
 training ids it reuses), the kind of its labels and the module holding its own parameters. One batch builder serves
-every head: right padding in every other row with the pad id there (as tokenizers pad), one class index per
-sequence or per token (-100 on padding, as users mask it), and, for BART, each row's last real token its </s>
-(every row as many, which its head requires).
+every head: right padding of 0 to 2 positions, varying by row, with the pad id there (as tokenizers pad), one
+class index per sequence or per token (-100 on padding, as users mask it), and, for BART, each row's last real
+token its </s> (every row as many, which its head requires).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from families.family import ModelFamily
 from support.model_checks import Family, Inputs
 
 LABELS = 3  # classes (not the config's default 2: a swapped pair of logits changes the loss)
-PADDED = 2  # padded positions at the end of every other row
+PADDED = 2  # the most padded positions at the end of a row
 
 
 @dataclass(frozen=True)
@@ -74,12 +74,14 @@ def head_batch(head: Head, base: Family) -> Callable[[Any, int, int], Inputs]:
         values = {k: v.clone() for k, v in base.train_batch(cfg, size, seed).items() if k in KEPT}
         ids, pad = values["input_ids"], cfg.pad_token_id
         ids[ids == pad] = pad + 1  # ordinary tokens are not the pad (GPT-2's ids start at 0, its head's pad id)
-        mask = torch.ones_like(ids)
-        mask[1::2, -PADDED:] = 0
+        rows, length = ids.shape
+        # 0 to PADDED padded positions per row, in turn from the seed: micro-batches (and steps) differ in where
+        # each row ends, which the heads reading positions off the data (GPT-2's, BART's, the token labels) see
+        real = length - (torch.arange(rows) + seed) % (PADDED + 1)
+        mask = (torch.arange(length) < real[:, None]).long()
         ids[mask == 0] = pad
         if head.ends_with_eos:
-            ids[0::2, -1] = cfg.eos_token_id
-            ids[1::2, -PADDED - 1] = cfg.eos_token_id
+            ids[torch.arange(rows), real - 1] = cfg.eos_token_id
         values["attention_mask"] = mask
         generator = torch.Generator().manual_seed(seed + 1)
         if head.labels == "token":
@@ -98,6 +100,7 @@ def head_family(name: str, base: Family) -> HeadFamily:
     def make_config(config_name: str) -> Any:
         cfg = base.make_config(config_name)
         cfg.num_labels = LABELS
+        cfg.problem_type = None  # single-label, chosen from the integer labels (whatever the base config presets)
         if head.pad_token_id is not None:
             cfg.pad_token_id = head.pad_token_id
         return cfg
