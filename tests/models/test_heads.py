@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import torch
 from support import REPO, SUPPORT, TORCHRUN, real_weights
+from support.heads import HEADS as PIPELINED
+from support.heads import head_family_at
 from support.model_checks import Family, assert_equal_gradients, fx_trace, scalar
 from support.model_families import FAMILIES
 
@@ -111,31 +113,57 @@ def test_bart_refuses_rows_with_different_or_no_eos_counts_as_stock_does() -> No
                 model(**kwargs)
 
 
-# The head at 4.5.1 (this process's transformers) and at the later releases where BERT is committed, each run
-# with that release's transformers first on PYTHONPATH (the problem_type loss of 4.6 on: stateless/losses.py).
-HEAD_RELEASES = ["4.5.1"] + [r for r in ("4.57.6", "5.23.0") if (REPO / "generated_models" / "bert" /
-                                                                  f"v{r.replace('.', '_')}").is_dir()]
+@pytest.mark.parametrize("name", sorted(PIPELINED))
+def test_pipelined_head_batches_are_what_users_feed(name: str) -> None:
+    """support/heads.py's batches: the pad id exactly where the mask is 0, labels of the head's kind (-100 on the
+    padding of token labels), BART's one </s> per row at its last real token, and micro-batches padded unlike."""
+    head, family = PIPELINED[name], head_family_at(name, "4.5.1")
+    assert family.model_family.definition.default_class == head.class_name and family.train_batch is not None
+    cfg = family.make_config(head.config)
+    values = family.train_batch(cfg, 4, 10)
+    ids, mask, labels = values["input_ids"], values["attention_mask"], values["labels"]
+    assert torch.equal(ids == cfg.pad_token_id, mask == 0) and (mask == 0).any()
+    assert not torch.equal(mask[:2], mask[2:])  # the two micro-batches of the pipelined cases
+    assert labels.shape == (ids.shape if head.labels == "token" else ids.shape[:1])
+    if head.labels == "token":
+        assert torch.equal(labels == -100, mask == 0)
+    assert labels.max() < cfg.num_labels
+    if head.ends_with_eos:
+        ends = mask.sum(1) - 1
+        assert torch.equal((ids == cfg.eos_token_id).nonzero()[:, 1], ends)
 
 
-@pytest.mark.parametrize("release", HEAD_RELEASES)
-def test_two_gloo_ranks_train_bert_for_sequence_classification_as_one_process(release: str, tmp_path: Path) -> None:
-    """pipelining_worker.py (its family bert-seqcls): 3 Adam steps, losses, gradients and weights torch.equal."""
+# Every head pipelined at 4.5.1 (this process's transformers) and at the later releases where all their base
+# families are committed, each release in one launch with that release's transformers first on PYTHONPATH.
+PIPELINED_RELEASES = ["4.5.1"] + [r for r in ("4.57.6", "5.23.0") if all(
+    (REPO / "generated_models" / head.base / f"v{r.replace('.', '_')}").is_dir() for head in PIPELINED.values())]
+
+
+@pytest.mark.parametrize("release", PIPELINED_RELEASES)
+def test_two_gloo_ranks_train_every_head_as_one_process(release: str, tmp_path: Path) -> None:
+    """pipelining_worker.py, every head of support/heads.py a case of one launch (1F1B, the optimal split): 3 Adam
+    steps, losses, gradients and weights torch.equal to one process, and the head's own parameters on rank 1."""
     from conftest import load_script
 
     installer = load_script("install_releases")
     first = [] if release == "4.5.1" else [str(installer.install_dir(release))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*first, str(REPO), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
-    cases = ["2layer-untied-relu:1f1b:2:optimal"]
-    family = "bert-seqcls" if release == "4.5.1" else f"bert-seqcls@{release}"
+    cases = [f"{name}@{release}/{head.config}:1f1b:2:optimal" for name, head in PIPELINED.items()]
     result = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node=2", str(SUPPORT / "pipelining_worker.py"),
-                             "--out", str(tmp_path), "--family", family, *cases], env=env,
-                            capture_output=True, text=True, timeout=180)
+                             "--out", str(tmp_path), *cases], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
-    records = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("*.json"))]
-    assert [record["rank"] for record in records] == [0, 1]
-    assert all(record["problems"] == [] for record in records), [r["problems"][:3] for r in records]
-    assert any(name.startswith("classifier.") for name in records[1]["parameters"])  # the head trained, on rank 1
+    records: dict[str, list[dict]] = {}
+    for path in sorted(tmp_path.glob("*.json")):
+        record = json.loads(path.read_text())
+        records.setdefault(record["case"], []).append(record)
+    assert sorted(records) == sorted(cases)
+    for case, (name, head) in zip(cases, PIPELINED.items()):
+        ranks = records[case]
+        assert [record["rank"] for record in ranks] == [0, 1], case
+        assert all(record["problems"] == [] for record in ranks), (case, [r["problems"][:3] for r in ranks])
+        own = [[p for p in record["parameters"] if p.startswith(f"{head.module}.")] for record in ranks]
+        assert own[0] == [] and own[1], (name, own)  # the head trained, on the last rank only
 
 
 def test_bert_for_sequence_classification_on_trained_weights() -> None:

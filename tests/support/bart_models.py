@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import BartConfig  # noqa: E402
 from transformers.models.bart import modeling_bart as stock  # noqa: E402
 
+from common.versions import VersionRange  # noqa: E402
 from families.layout import generated_package  # noqa: E402
 from support.model_checks import Family, Inputs  # noqa: E402
 
@@ -94,26 +96,36 @@ def train_batch(cfg: BartConfig, size: int, seed: int) -> Inputs:
 
 
 # Later releases also check the sequence classifier, its labels chosen by config so that every loss stock
-# picks from num_labels, config.problem_type and the labels' dtype is taken (4.15 on; before, num_labels only).
+# picks from num_labels, config.problem_type and the labels' dtype is taken (4.15 on; before, num_labels only):
+# regression (num_labels 1), regression preset over 3 outputs, multi-label from multi-hot labels, single-label.
 HEAD = "BartForSequenceClassification"
-HEAD_LOSS = {"1layer-tied": "regression", "2layer-untied": "single", "3layer-tied-relu-2dec": "multi",
+HEAD_LOSS = {"1layer-tied": "regression", "2layer-untied": "regression-3", "3layer-tied-relu-2dec": "multi",
              "2layer-scaled-3dec": "single"}
+PROBLEM_TYPE = VersionRange.parse(">=4.15")  # 4.10.3 has none; 4.15.0 has it
 
 
-def head_config(name: str) -> BartConfig:
-    """The classifier's labels for ``name``; eager attention, what the conversion keeps (stock's default is sdpa
-    from 4.36; earlier releases keep the keyword as an unused attribute)."""
-    return config(name, num_labels=1 if HEAD_LOSS[name] == "regression" else 3, attn_implementation="eager")
+def head_config_at(release: str) -> Callable[[str], BartConfig]:
+    """The classifier's config for each name: its labels (HEAD_LOSS) and eager attention, what the conversion
+    keeps (stock's default is sdpa from 4.36; earlier releases keep the keyword as an unused attribute)."""
+    def head_config(name: str) -> BartConfig:
+        preset = {"problem_type": "regression"} if HEAD_LOSS[name] == "regression-3" and release in PROBLEM_TYPE \
+            else {}
+        return config(name, num_labels=1 if HEAD_LOSS[name] == "regression" else 3, attn_implementation="eager",
+                      **preset)
+    return head_config
 
 
 def head_labels(release: str, config_name: str, batch: int, seed: int) -> torch.Tensor:
-    """The labels of one problem type: floats (regression), class indices, or multi-hot floats (4.15 on)."""
+    """The labels of one problem type: floats (regression), float rows (the preset regression over 3 outputs),
+    class indices, or multi-hot floats; class indices for the last two before 4.15."""
     generator = torch.Generator().manual_seed(seed + 100)
     loss = HEAD_LOSS[config_name]
     if loss == "regression":
         return torch.randn(batch, generator=generator)
-    if loss == "multi" and not release.startswith(("4.5.", "4.10.")):
+    if loss == "multi" and release in PROBLEM_TYPE:
         return torch.randint(0, 2, (batch, 3), generator=generator).float()
+    if loss == "regression-3" and release in PROBLEM_TYPE:
+        return torch.randn(batch, 3, generator=generator)
     return torch.randint(0, 3, (batch,), generator=generator)
 
 
@@ -146,8 +158,9 @@ def family_at(release: str) -> Family:
             return output.loss if "labels" in kwargs else output.logits
         return reference_output(class_name, output, kwargs)
 
-    return Family("bart", release, stock, generated, head_config, tuple(CONFIGS), {**PATHS, HEAD: ("labels", "logits")},
-                  release_inputs, release_kwargs, release_output, lengths={"source": 9, "target": 4},
+    return Family("bart", release, stock, generated, head_config_at(release), tuple(CONFIGS),
+                  {**PATHS, HEAD: ("labels", "logits")}, release_inputs, release_kwargs, release_output,
+                  lengths={"source": 9, "target": 4},
                   train_batch=train_batch, train_lengths={"source": TRAIN_SOURCE, "target": TRAIN_TARGET})
 
 

@@ -8,7 +8,6 @@ from support import t5_models
 from support.bart_models import BART
 from support.bert_models import BERT
 from support.gpt2_models import GPT2
-from support.heads import sequence_head
 from support.model_checks import Family, Inputs
 from support.roberta_models import ROBERTA
 
@@ -48,7 +47,3 @@ T5 = Family("t5", "4.5.1", t5_models.stock, t5_models.generated, t5_models.confi
 FAMILIES: dict[str, Family] = {"t5": T5, "gpt2": GPT2, "bert": BERT, "roberta": ROBERTA, "bart": BART}
 # The families the generic model tests (test_model_*.py) run on.
 GENERIC = [GPT2, BERT, ROBERTA, BART]
-
-
-# pipelining_worker.py --family bert-seqcls: BertForSequenceClassification on BERT's configs.
-FAMILIES["bert-seqcls"] = sequence_head(BERT)

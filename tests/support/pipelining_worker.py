@@ -43,8 +43,8 @@ def family_of(name: str) -> Family:
     release this process imports."""
     if "@" in name:
         base, release = name.split("@")
-        if base.endswith("-seqcls"):
-            from support.heads import head_family_at
+        from support.heads import HEADS, head_family_at
+        if base in HEADS:
             return head_family_at(base, release)
         from support.llm_pipelining import LLM
         return LLM(base, release)  # type: ignore[return-value]
@@ -144,12 +144,12 @@ def run_case(family: Family, case: str, out: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--family", default="t5", help="a family of model_families.py, or an LLM as NAME@RELEASE")
+    parser.add_argument("--family", default="t5", help="a family of model_families.py, or an LLM or a head (support/heads.py) as NAME@RELEASE")
     parser.add_argument("cases", nargs="+",
                         help="[NAME@RELEASE/]config:schedule:micro-batches:split[:allreduce][:send][:reordered], "
                              "split = 'optimal' or the comma-separated first blocks of stages (chunks) 1, 2, ...; "
-                             "send: plan without recomputation; an LLM prefix runs that family instead of --family "
-                             "(one launch, several families of the release this process imports)")
+                             "send: plan without recomputation; an LLM or head prefix runs that family instead of "
+                             "--family (one launch, several families of the release this process imports)")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     try:
