@@ -24,3 +24,20 @@ def wrong_release(release: str, install_dir: Path) -> str | None:
         return None
     return (f"imported transformers {transformers.__version__} from {location}, not {release} from {install_dir}: "
             f"run with PYTHONPATH={install_dir}")
+
+
+EXPORT_MODES = ("export-strict", "export-non-strict")
+
+
+def suite_checks(checks: tuple[str, ...], release: str, releases: list[str]) -> tuple[str, ...]:
+    """The checks the suite runs at ``release``, one of a worker's ``releases``: every check at the newest; at the
+    others one export mode, strict and non-strict alternating along the releases. Exporting is three quarters of a
+    worker's time, so every release is still exported each CI run, and both modes are run at every release by
+    scripts/release_table.py (the published table)."""
+    from common.versions import Release
+
+    ordered = sorted(releases, key=Release.parse)
+    position = ordered.index(release)
+    if position == len(ordered) - 1:
+        return checks
+    return tuple(check for check in checks if check != EXPORT_MODES[1 - position % 2])
