@@ -8,6 +8,7 @@ a rank's failure is one line: the rank's own error, else torchrun's summary.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,10 @@ from pathlib import Path
 from common.errors import UserError
 
 TRAIN = "partitioning.gpu.train"  # the module each rank runs; its errors start with its name
+# the lines of torchrun's failure summary that name a failed rank and its exit code (negative: a signal)
+_RANK = re.compile(r"\s*rank\s*: (\d+) \(local_rank")
+_EXITCODE = re.compile(r"\s*exitcode\s*: (-?\d+)")
+_TRACEBACK = re.compile(r"\s*traceback\s*: (.*)")
 
 
 def launch(plan: Path, stages: int, steps: int, timeline: Path | None = None, tied_sum: str = "ordered") -> None:
@@ -75,10 +80,10 @@ def _cause(reported: list[str], tail: list[str]) -> str:
     ("connection closed by peer") are consequences: the killed rank is the cause. torchrun's summary lists every
     rank with its exit code (negative: a signal), also those it stopped itself with SIGTERM after the first failure,
     so a SIGTERM there is torchrun's own, not a cause."""
-    ranks = [line.split(":", 1)[1].split()[0] for line in tail if line.strip().startswith("rank ")]
-    codes = [line.split(":", 1)[1].split()[0] for line in tail if line.strip().startswith("exitcode ")]
-    killed = sorted({(int(rank), -int(code)) for rank, code in zip(ranks, codes, strict=False)
-                     if code.lstrip("-").isdigit() and int(code) < 0 and -int(code) != signal.SIGTERM})
+    ranks = [int(found[1]) for line in tail if (found := _RANK.match(line))]
+    codes = [int(found[1]) for line in tail if (found := _EXITCODE.match(line))]
+    killed = sorted({(rank, -code) for rank, code in zip(ranks, codes, strict=False)
+                     if code < 0 and -code != signal.SIGTERM})
     if killed:
         rank, signum = killed[0]
         try:
@@ -105,11 +110,11 @@ def _failure(tail: list[str]) -> str:
     """The line of torchrun's output that says why a rank failed (its summary names the rank and the cause)."""
     roots = [i for i, line in enumerate(tail) if line.startswith("Root Cause")]
     tail = tail[roots[-1]:] if roots else tail  # the first failure, not the ranks torchrun stopped because of it
-    rank = next((line.split(":", 1)[1].split()[0] for line in tail if line.strip().startswith("rank ")), None)
-    cause = next((line.split(":", 1)[1].strip() for line in tail if line.strip().startswith("traceback ")), None)
+    rank = next((found[1] for line in tail if (found := _RANK.match(line))), None)
+    cause = next((found[1].strip() for line in tail if (found := _TRACEBACK.match(line))), None)
     if cause and "To enable traceback" not in cause:
         return f"rank {rank}: {cause}" if rank else cause
-    code = next((line.split(":", 1)[1].split()[0] for line in tail if line.strip().startswith("exitcode ")), None)
+    code = next((found[1] for line in tail if (found := _EXITCODE.match(line))), None)
     if code:
         return f"rank {rank} exited with code {code}" if rank else f"a rank exited with code {code}"
     errors = [line for line in tail if "error" in line.lower()]

@@ -123,13 +123,15 @@ def test_calibrations_without_runtime_terms_read_as_zero() -> None:
 
 def test_the_calibrated_update_rate_is_the_rate_of_a_step_on_real_gradients() -> None:
     # one thread, CPU time (the calibration's clock); 4 x 4M floats (64 MB) so that the step is memory-bound as
-    # a model's is.  A calibration on zero gradients measured about 1.5x this step's time per byte.
+    # a model's is.  A calibration on zero gradients measured about 1.5x this step's time per byte (and the
+    # calibration's step also scales the gradients: about 1.1x).  The two are timed in turns, so that a
+    # neighbour's load (memory bandwidth: the suite runs two workers) weighs on both.
     model = nn.ParameterList([nn.Parameter(torch.randn(1024, 4096) * 0.02) for _ in range(4)])
     with threads(1):
-        rate = update_rate(model, 4, 3, time.thread_time)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-        took = []
-        for attempt in range(4):
+        rates, took = [], []
+        for attempt in range(6):
+            rates.append(update_rate(model, 4, 1, time.thread_time))
             for parameter in model.parameters():
                 parameter.grad = torch.randn_like(parameter) * 1e-3 / 4  # already scaled, as the engine leaves it
             start = time.thread_time()
@@ -137,5 +139,6 @@ def test_the_calibrated_update_rate_is_the_rate_of_a_step_on_real_gradients() ->
             optimizer.zero_grad()
             if attempt:
                 took.append(time.thread_time() - start)
+    rate = statistics.median(rates)
     measured = statistics.median(took) / (4 * 1024 * 4096 * 4)
-    assert 0.75 < rate / measured < 1.3, (rate * 1e9, measured * 1e9)
+    assert 0.75 < rate / measured < 1.4, (rate * 1e9, measured * 1e9)
