@@ -18,6 +18,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import BertConfig  # noqa: E402
 from transformers.models.bert import modeling_bert as stock  # noqa: E402
 
+from common.versions import VersionRange  # noqa: E402
 from families.layout import generated_package  # noqa: E402
 from support.model_checks import Family, Inputs  # noqa: E402
 
@@ -140,6 +141,8 @@ def encoder_family(name: str, stock_module: ModuleType, generated_module: Module
 # (tests/transforms/test_classification_loss.py covers int32 labels, which cross-entropy refuses).
 PROBLEMS: dict[str, tuple[int, str | None]] = {  # config name -> (num_labels, config.problem_type)
     "regression": (1, None), "regression-3": (3, "regression"), "single-label": (3, None), "multi-label": (3, None)}
+# Before problem_type (4.6) the loss follows num_labels alone: regression for one label, else single-label.
+PROBLEM_TYPE = VersionRange.parse(">=4.6")
 
 
 def heads_families(name: str, stock_module: ModuleType, generated_module: ModuleType,
@@ -177,7 +180,8 @@ def heads_families(name: str, stock_module: ModuleType, generated_module: Module
                       {class_name: ("labels", "logits")}, head_inputs, head_kwargs, head_output,
                       lengths={"sequence": 9}, embedded_inputs=("input_ids",))
 
-    return [family(f"{prefix}ForSequenceClassification", tuple(PROBLEMS)),
+    problems = tuple(PROBLEMS) if release in PROBLEM_TYPE else ("regression", "single-label")
+    return [family(f"{prefix}ForSequenceClassification", problems),
             family(f"{prefix}ForTokenClassification", ("single-label",))]
 
 
