@@ -2,7 +2,7 @@
 
 One worker process per release checks every seed family committed for it (tests/support/seed_release_worker.py:
 eval, train loss and every gradient, state-dict keys, stateless, fx on two shapes, train-mode graph, export strict
-and non-strict with dynamic sizes; the suite runs one export mode per release but the newest, alternating:
+and non-strict with dynamic sizes, and the trained all-MiniLM-L6-v2 under BERT's classifier head on real text; the suite runs one export mode per release but the newest, alternating:
 release_process.suite_checks), with PYTHONPATH set to that release's side-by-side install. 4.5.1, the release
 installed in .venv, is checked in this process by tests/models/. A package committed without its stock install
 fails here; nothing is skipped. That each package is what the converter writes is
@@ -54,13 +54,16 @@ def run_release(release: str, families: list[str], out: Path, **options: object)
 @pytest.mark.parametrize("release", sorted(COMMITTED))
 def test_generated_seed_families_equal_stock(release: str, tmp_path: Path) -> None:
     families, checks = COMMITTED[release], suite_checks(CHECKS, release, list(COMMITTED))
-    code, record, stderr = run_release(release, families, tmp_path / "r.json", checks=",".join(checks))
+    code, record, stderr = run_release(release, families, tmp_path / "r.json", checks=",".join(checks),
+                                       real_weights="bert" in families)
     assert record is not None, f"transformers {release}: the worker wrote no result (exit {code}): {stderr[-3000:]}"
     problems = failures(record)
     assert not problems and code == 0, f"transformers {release}: " + "\n".join(problems[:20])
     assert sorted(record["families"]) == sorted(families)
     assert all(tuple(ran) == checks and all(c["passed"] > 0 for c in ran.values())
                for ran in record["families"].values())
+    if "bert" in families:  # all-MiniLM-L6-v2 under a new classifier head, on real text
+        assert record["real-weights"]["ok"] and record["real-weights"]["gradients"] > 90, record["real-weights"]
 
 
 def test_the_worker_reports_a_generated_model_that_differs(tmp_path: Path) -> None:

