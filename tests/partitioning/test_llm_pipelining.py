@@ -9,7 +9,8 @@ same; the stages replay the causal mask and the rotary cos/sin their plan names 
 Then every family at every committed release (two launches per release, one per rank count, all of its
 families in each; pipelining_worker.py cases prefixed NAME@RELEASE/): on 2 ranks tied with GPipe cut inside the
 layers and untied with 1F1B at the optimal split, on 3 ranks untied with GPipe at the optimal split and tied with
-1F1B cut inside the layers and before the norm (the untied tiny configs of the windowed families have a sliding
+1F1B cut inside the layers and before the norm: all four at the newest release, and at the others one per rank
+count, rotating (`cases`; every family still runs 2 and 3 ranks, tied and untied, at every release) (the untied tiny configs of the windowed families have a sliding
 window of 4 on sequences of 7; Gemma 3 mixes sliding and full layers).
 """
 
@@ -25,6 +26,8 @@ import pytest
 from conftest import load_script
 from support import REPO, SUPPORT, TORCHRUN
 from support.llm_release_worker import FAMILIES
+
+from common.versions import Release
 
 RELEASE = "5.23.0"
 CASES = {  # case -> (stages holding the tied weight, stages that recompute the mask and the rotary embedding)
@@ -72,12 +75,25 @@ def committed() -> dict[str, list[str]]:
     return found
 
 
-# (release, ranks) -> cases: every family committed at the release, GPipe and 1F1B, tied and untied, on 2 and on 3
-# ranks; a case cut by name inside the layers replays the rotary cos/sin on stage 1.
+# (release, ranks) -> cases: every family committed at the release on 2 and on 3 ranks, tied and untied; a case cut
+# by name inside the layers replays the rotary cos/sin on stage 1.
 CUTS = {2: ("tied:gpipe:2:model.layers.1", "untied:1f1b:2:optimal"),
         3: ("untied:gpipe:3:optimal", "tied:1f1b:3:model.layers.1,norm")}
-LAUNCHES = {(release, ranks): [f"{family}@{release}/{cut}" for family in families for cut in cuts]
-            for release, families in committed().items() for ranks, cuts in CUTS.items()}
+
+
+def cases(release: str, families: list[str], ranks: int, releases: list[str]) -> list[str]:
+    """Every cut at the newest release; at the others, one cut per family and rank count, rotating by family and
+    release: each family still runs 2 and 3 ranks, tied and untied (cut k of both rank counts is one tied and one
+    untied), with GPipe at one release and 1F1B at the next, and every launch holds both cuts (two families or more)."""
+    if release == max(releases, key=Release.parse):
+        return [f"{family}@{release}/{cut}" for family in families for cut in CUTS[ranks]]
+    shift = releases.index(release)
+    return [f"{family}@{release}/{CUTS[ranks][(index + shift) % 2]}" for index, family in enumerate(families)]
+
+
+COMMITTED = committed()
+LAUNCHES = {(release, ranks): cases(release, families, ranks, list(COMMITTED))
+            for release, families in COMMITTED.items() for ranks in CUTS}
 
 
 def model_level_rotary(family: str, release: str) -> bool:
@@ -128,3 +144,24 @@ def test_pipelined_llms_equal_one_process(release: str, ranks: int, tmp_path: Pa
                 held[name] = sorted(held.get(name, []) + chunks)
         # tied: one copy of the embedding on the first and one on the last stage, kept equal
         assert held == ({"shared_embed_weight": [0, ranks - 1]} if "/tied:" in case else {}), case
+
+
+def test_the_rotation_keeps_every_family_on_two_and_three_ranks_tied_and_untied() -> None:
+    """What `cases` promises, on the committed packages: every (family, release) pipelined on 2 and 3 ranks, tied
+    and untied; every family under GPipe and 1F1B at some release and under all four cuts at the newest; each
+    launch holds both of its rank count's cuts."""
+    newest = max(COMMITTED, key=Release.parse)
+    for (release, ranks), listed in LAUNCHES.items():
+        assert {case.split("/", 1)[1] for case in listed} == set(CUTS[ranks]), (release, ranks)
+    for release, families in COMMITTED.items():
+        for family in families:
+            cuts = [case.split("/", 1)[1] for ranks in CUTS for case in LAUNCHES[release, ranks]
+                    if case.startswith(f"{family}@")]
+            assert {cut.split(":")[2] for cut in cuts} == {"2", "3"}, (family, release)
+            assert {cut.split(":")[0] for cut in cuts} == {"tied", "untied"}, (family, release)
+            if release == newest:
+                assert sorted(cuts) == sorted(cut for pair in CUTS.values() for cut in pair)
+    for family in {family for families in COMMITTED.values() for family in families}:
+        schedules = {case.split(":")[1] for listed in LAUNCHES.values() for case in listed
+                     if case.startswith(f"{family}@") and not case.startswith(f"{family}@{newest}/")}
+        assert schedules == {"gpipe", "1f1b"}, family
