@@ -41,3 +41,14 @@ def suite_checks(checks: tuple[str, ...], release: str, releases: list[str]) -> 
     if position == len(ordered) - 1:
         return checks
     return tuple(check for check in checks if check != EXPORT_MODES[1 - position % 2])
+
+
+def export_pick(release: str, releases: list[str]) -> int | None:
+    """Which class of each family a non-strict export takes at ``release`` in the suite: every class (None) at the
+    newest, at the others the next class at each release that exports non-strict (every other one: suite_checks),
+    so that the classes rotate along the releases."""
+    from common.versions import Release
+
+    ordered = sorted(releases, key=Release.parse)
+    position = ordered.index(release)
+    return None if position == len(ordered) - 1 else position // 2

@@ -5,7 +5,7 @@ committed for the release is checked here, so a release costs one interpreter an
 describes itself at the release in tests/support/seed_releases/<family>.py.
 
     python tests/support/seed_release_worker.py --release 4.57.6 --install-dir .venv/transformers/4.57.6 \\
-        --families gpt2,bert --json out.json [--checks eval,fx] [--generated gpt2=PATH] [--real-weights]
+        --families gpt2,bert --json out.json [--checks eval,fx] [--generated gpt2=PATH] [--real-weights] [--export-pick K]
 
 Checks (named cases per family; a failing case does not stop the others), stock with eager attention:
   eval               every config, class and path, with and without masks: outputs torch.equal
@@ -17,7 +17,8 @@ Checks (named cases per family; a failing case does not stop the others), stock 
   fx                 symbolic_trace (absent inputs concrete None): equal to eager on the traced shape and another
   train-graph        a graph traced in train mode follows .eval() and .train() (and drops out in train)
   export-strict, export-non-strict   every size that differs between two shapes dynamic (Dim.AUTO), the
-                     exported program equal to eager on both shapes (a specialised size fails the second)
+                     exported program equal to eager on both shapes (a specialised size fails the second); strict
+                     the default class, non-strict every class (--export-pick K: the K-th of each Family's)
 With --real-weights (BERT among the families): all-MiniLM-L6-v2 under a new BertForSequenceClassification
 head, stock's and ours, on real text (tests/support/real_weights.py), recorded as "real-weights".
 Exit 0 when every check passed, 1 when one failed, 2 when the environment is wrong.
@@ -165,11 +166,16 @@ def dynamic_shapes(first: Inputs, second: Inputs) -> dict[str, dict[int, Any]]:
             for name, value in first.items()}
 
 
-def export_cases(family: Family, strict: bool) -> Iterator[Case]:
+def export_cases(family: Family, strict: bool, pick: int | None = None) -> Iterator[Case]:
+    """strict: one class, the family's default where this Family has it (a head's own Family: its first class);
+    non-strict: every class, or with ``pick`` the class at that position (modulo the count; the suite rotates it
+    along the releases, release_process.export_pick)."""
     config_name = family.configs[-1]
     default = family.model_family.definition.default_class
-    # strict: one class, the family's default where this Family has it (a head's own Family: its first class)
-    classes = [default if default in family.paths else family.classes[0]] if strict else list(family.classes)
+    if strict:
+        classes = [default if default in family.paths else family.classes[0]]
+    else:
+        classes = list(family.classes) if pick is None else [family.classes[pick % len(family.classes)]]
     for class_name in classes:
         path = family.paths[class_name][0]
 
@@ -186,21 +192,22 @@ def export_cases(family: Family, strict: bool) -> Iterator[Case]:
         yield f"{class_name}/{path}", run
 
 
-RUNNERS: dict[str, Callable[[Family], Iterator[Case]]] = {
-    "eval": check_eval, "train": check_train, "state-dict": check_state_dict, "stateless": check_stateless,
-    "fx": check_fx, "train-graph": check_train_graph,
-    "export-strict": lambda family: export_cases(family, strict=True),
-    "export-non-strict": lambda family: export_cases(family, strict=False),
+RUNNERS: dict[str, Callable[[Family, int | None], Iterator[Case]]] = {
+    "eval": lambda family, _: check_eval(family), "train": lambda family, _: check_train(family),
+    "state-dict": lambda family, _: check_state_dict(family), "stateless": lambda family, _: check_stateless(family),
+    "fx": lambda family, _: check_fx(family), "train-graph": lambda family, _: check_train_graph(family),
+    "export-strict": lambda family, _: export_cases(family, strict=True),
+    "export-non-strict": lambda family, pick: export_cases(family, strict=False, pick=pick),
 }
 
 
-def run_checks(members: list[Family], names: list[str]) -> dict[str, dict]:
+def run_checks(members: list[Family], names: list[str], pick: int | None = None) -> dict[str, dict]:
     results = {}
     for name in names:
         started, failures, passed = time.monotonic(), {}, 0
         for family in members:
             try:
-                for case, thunk in RUNNERS[name](family):
+                for case, thunk in RUNNERS[name](family, pick):
                     try:
                         thunk()
                         passed += 1
@@ -238,7 +245,7 @@ def with_generated(member: Family, path: Path) -> Family:
 
 def run_in_subprocess(release: str, install_dir: Path, names: list[str], out: Path, checks: str | None = None,
                       generated: dict[str, Path] | None = None, real_weights: bool = False,
-                      timeout: float = 1800) -> tuple[int, dict | None, str]:
+                      export_pick: int | None = None, timeout: float = 1800) -> tuple[int, dict | None, str]:
     """This worker for one release in a fresh interpreter: (exit code, results or None, stderr)."""
     import subprocess
 
@@ -250,6 +257,8 @@ def run_in_subprocess(release: str, install_dir: Path, names: list[str], out: Pa
         command += ["--generated", f"{family}={path}"]
     if real_weights:
         command.append("--real-weights")
+    if export_pick is not None:
+        command += ["--export-pick", str(export_pick)]
     proc = subprocess.run(command, env=environment(install_dir), capture_output=True, text=True, timeout=timeout)
     record = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else None
     return proc.returncode, record, proc.stderr
@@ -264,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generated", action="append", default=[], help="FAMILY=PATH: check this file instead")
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--real-weights", action="store_true", help="also the trained BERT checkpoint's head")
+    parser.add_argument("--export-pick", type=int, help="non-strict export: only each Family's class at this position")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     problem = wrong_release(args.release, args.install_dir)
@@ -284,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             failed = {"ok": False, "passed": 0, "seconds": 0.0, "failures": {"(import)": describe(exc)}}
             record["families"][name] = {check: failed for check in names}
             continue
-        record["families"][name] = run_checks(members, names)
+        record["families"][name] = run_checks(members, names, args.export_pick)
         if name == "bert" and args.real_weights:
             record["real-weights"] = check_real_weights(members[0])
     record["seconds"] = round(time.monotonic() - started, 2)
