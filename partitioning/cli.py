@@ -20,6 +20,7 @@ from partitioning.cost import granularity as grain
 from partitioning.gpu.target import GPUTarget
 from partitioning.ipu.target import IPUTarget
 from partitioning.request import DEFAULT_BATCH, Request
+from partitioning.solve.costs import TIED_SUMS
 from partitioning.solve.schedules import AUTO, SCHEDULES, schedule_name
 from partitioning.target import Target
 
@@ -94,6 +95,10 @@ def _parser() -> argparse.ArgumentParser:
     batch.add_argument("--schedule", default="1f1b",
                        help=f"pipeline schedule, any case ({', '.join(SCHEDULES)}), or {AUTO}: the least predicted "
                             f"step time that fits")
+    batch.add_argument("--tied-sum", choices=TIED_SUMS, default="ordered",
+                       help="how the run sums the gradients of a weight several stages hold (the cost model's tied "
+                            "term; --run and train-model run the plan's): 'ordered' bit for bit, 'allreduce' one "
+                            "all-reduce a step (default ordered)")
     batch.add_argument("--virtual-stages", type=positive_int, metavar="V",
                        help="chunks per rank: >= 2 for the looped schedules (default 2), 2 for zbvzerobubble and "
                             "dualpipev, 1 otherwise; with auto, only this V")

@@ -94,7 +94,7 @@ def _plan(request: Request, target: Target) -> tuple[Request, list[str], dict[Pa
                         virtual_stages=request.virtual_stages,
                         optimizer_states=request.optimizer_states, master_weights=request.master_weights,
                         measured=bool(request.measure), memory_bandwidth=request.memory_bandwidth * 1e9,
-                        recompute=request.recompute)
+                        recompute=request.recompute, tied_sum=request.tied_sum)
     if calibration is not None:
         settings = calibration.settings(settings)
     granularity = request.granularity

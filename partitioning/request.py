@@ -53,6 +53,7 @@ class Request:
     verbose: bool
     models_dir: Path | None = None  # where the generated code is (None: the repository's generated_models)
     timeline: Path | None = None  # with run: rank 0 writes the per-rank timeline of every step there
+    tied_sum: str = "ordered"  # the run's sum of a tied weight's copies (partitioning.solve.costs.TIED_SUMS)
 
     def class_of(self, definition: FamilyDefinition) -> str:
         return self.class_name or definition.default_class

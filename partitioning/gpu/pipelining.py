@@ -76,9 +76,9 @@ from partitioning.gpu.schedule_stages import (
 from partitioning.gpu.stage_graphs import contiguous_boundaries, relay_along_chain, sort_stage_inputs
 from partitioning.gpu.tied import TiedCopy, holders, ordered_sum
 from partitioning.plan import Plan
+from partitioning.solve.costs import TIED_SUMS
 from partitioning.solve.schedules import SINGLE, orders
 
-TIED_SUMS = ("ordered", "allreduce")
 _PREFIX = "model."
 
 

@@ -63,4 +63,4 @@ class GPUTarget:
     def run(self, request: Request) -> None:
         if request.run:
             assert request.stages is not None  # settled by check()
-            launch(request.output, request.stages, request.run_steps, request.timeline)
+            launch(request.output, request.stages, request.run_steps, request.timeline, request.tied_sum)

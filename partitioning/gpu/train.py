@@ -28,8 +28,9 @@ from families.family import trained_model
 from families.models import MicroBatch, make_inputs
 from partitioning.files import read_plan
 from partitioning.gpu import timeline
-from partitioning.gpu.pipelining import TIED_SUMS, PipelineRun
+from partitioning.gpu.pipelining import PipelineRun
 from partitioning.plan import Plan
+from partitioning.solve.costs import TIED_SUMS
 from partitioning.solve.partition import Settings
 
 PROG = "partitioning.gpu.train"  # partitioning.gpu.launch finds a rank's error by it

@@ -77,17 +77,24 @@ def after_last_action(costs: ChainCosts, segments: Sequence[Segment], where: Seq
                       ranks: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per rank, the seconds of the tied-gradient sum and of the optimizer step (0 without runtime terms).
 
-    The tied sum is the runtime's ordered one (:func:`partitioning.gpu.tied.ordered_sum`, the default of
-    ``--run`` and ``train-model``; ``--tied-sum allreduce`` is not modelled: the plan does not know the run's
-    choice).  Per micro-batch its partial sum walks the weight's uses from the last back: each use but the
-    walk's first is one addition where it is held (reading two tensors of the weight's size ``S``, writing
-    one), each change of rank along the walk one message of ``S`` (the latency, ``S`` over the link) that
-    the receiving rank waits for, and the rank of the first use adds the sum to the running total.  So a
-    rank pays ``m`` times its additions and received messages (the sender does not wait: the micro-batches'
-    walks overlap), then every holder the total's broadcast (``H - 1`` sends of ``S``), the two small
-    all-gathers of use counts (two latencies), the division by the micro-batch count and the copy into
-    each of the rank's other copies (a read and a write of ``S`` each, at the memory bandwidth, which
-    counts both).
+    The tied sum is the one ``settings.tied_sum`` names, as the runtime runs it
+    (:meth:`partitioning.gpu.pipelining.PipelineRun.sync_tied_gradients`).
+
+    ``ordered`` (:func:`partitioning.gpu.tied.ordered_sum`): per micro-batch its partial sum walks the weight's
+    uses from the last back: each use but the walk's first is one addition where it is held (reading two
+    tensors of the weight's size ``S``, writing one), each change of rank along the walk one message of ``S``
+    (the latency, ``S`` over the link) that the receiving rank waits for, and the rank of the first use adds
+    the sum to the running total.  So a rank pays ``m`` times its additions and received messages (the sender
+    does not wait: the micro-batches' walks overlap), then every holder the total's broadcast (``H - 1`` sends
+    of ``S``), the two small all-gathers of use counts (two latencies), the division by the micro-batch count
+    and the copy into each of the rank's other copies (a read and a write of ``S`` each, at the memory
+    bandwidth, which counts both).
+
+    ``allreduce``: once a step each holder adds its ``c`` copies' accumulated gradients (``c - 1`` additions
+    into a new tensor), all-reduces that over the ``H`` holders (a ring: ``2 (H - 1) / H`` of ``S`` sent and
+    received, ``2 (H - 1)`` latencies) and copies the total into its copies (``c`` copies where it added, none
+    where the one copy's gradient is the total).  A data-parallel run's division by the replica count is not in
+    the plan (the replica count is the run's).
     """
     settings = costs.settings
     if not settings.runtime_terms:
@@ -104,8 +111,14 @@ def after_last_action(costs: ChainCosts, segments: Sequence[Segment], where: Seq
             additions[rank] += 1
             received[rank] += rank != before
         additions[walk[-1]] += 1  # the micro-batch's sum into the running total
-        message = size / settings.bandwidth + settings.latency
         holders = set(walk)
+        if settings.tied_sum == "allreduce":
+            ring = 2 * (len(holders) - 1) * (size / len(holders) / settings.bandwidth + settings.latency)
+            for r in holders:
+                copies = sum(1 for c in chunks if where[c] == r)
+                tied[r] += ((copies - 1) * 3 + (copies > 1) * copies * 2) * size / settings.memory_bandwidth + ring
+            continue
+        message = size / settings.bandwidth + settings.latency
         for r in holders:
             copies = sum(1 for c in chunks if where[c] == r)  # a rank's other copies get the sum copied
             tied[r] += m * (3 * additions[r] * size / settings.memory_bandwidth + received[r] * message)

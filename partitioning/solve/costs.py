@@ -32,6 +32,8 @@ from common.schema import OptionError, parse_options
 from partitioning.plan import Block, Value
 from partitioning.solve.schedules import AUTO, SCHEDULES, check_virtual_stages, default_virtual_stages
 
+TIED_SUMS = ("ordered", "allreduce")  # how a run sums the gradients of a weight several chunks hold
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -54,6 +56,7 @@ class Settings:
     latency: float = 0.0  # seconds per message beyond its bytes at the bandwidth
     action_overhead: float = 0.0  # seconds the engine adds to every compute action (F, B, I, W) of a chunk
     update_rate: float = 0.0  # seconds per parameter byte of the optimizer step
+    tied_sum: str = "ordered"  # the run's sum of a tied weight's copies (--run and train-model default to it)
 
     def __post_init__(self) -> None:
         # Finite too: the flags are finite, but TFLOP/s x 1e12 can overflow to infinity, which JSON cannot hold.
@@ -78,6 +81,8 @@ class Settings:
             raise UserError(f"optimizer states must be >= 0, got {self.optimizer_states}")
         if not self.memory_bandwidth > 0 or not self.backward_factor >= 0:
             raise UserError("memory bandwidth must be positive and the backward factor non-negative")
+        if self.tied_sum not in TIED_SUMS:
+            raise UserError(f"unknown tied sum {self.tied_sum!r}; known: {', '.join(TIED_SUMS)}")
         if not min(self.latency, self.action_overhead, self.update_rate) >= 0:
             raise UserError("the runtime's latency, action overhead and update rate must be non-negative")
 

@@ -47,7 +47,7 @@ class Request:
     seed: int
     log_every: int
     data_parallel: int = 1
-    tied_sum: str = "ordered"
+    tied_sum: str | None = None  # None: the plan's
     dtype: str = "fp32"
     nnodes: int = 1
     node_rank: int | None = None
@@ -80,7 +80,7 @@ def _nonnegative(text: str) -> float:
 
 def parser() -> argparse.ArgumentParser:
     from partitioning.gpu.autocast import DTYPES
-    from partitioning.gpu.pipelining import TIED_SUMS
+    from partitioning.solve.costs import TIED_SUMS
     from partitioning.train.optim import DECAYS
 
     parser = Parser(prog=PROG, description=__doc__.splitlines()[0])
@@ -107,11 +107,11 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-every", type=positive_int, default=1)
     parser.add_argument("--data-parallel", type=positive_int, default=1,
                         help="D replicas of the pipeline (stages x D ranks), gradients averaged (default 1)")
-    parser.add_argument("--tied-sum", choices=TIED_SUMS, default="ordered",
+    parser.add_argument("--tied-sum", choices=TIED_SUMS,
                         help="a weight several stages hold: 'ordered' sums its gradients in one process's order "
                              "(bit for bit; keeps each micro-batch's gradient of it until the step ends), "
                              "'allreduce' adds each holder's accumulated gradient once a step (no extra memory; "
-                             "equal up to float addition order) (default ordered)")
+                             "equal up to float addition order) (default: the plan's, partition-model --tied-sum)")
     parser.add_argument("--dtype", choices=DTYPES, default="fp32",
                         help="bf16: each stage's forward under torch.autocast (bfloat16) on its device, the "
                              "weights, gradients and AdamW state fp32 (default fp32)")
@@ -221,7 +221,7 @@ def _execute(request: Request, shown: Request) -> int:
 def to_argv(request: Request) -> list[str]:
     """The command line that makes ``request`` again (what each rank parses)."""
     argv = []
-    defaults = {"verbose": False, "data_parallel": 1, "nnodes": 1, "tied_sum": "ordered", "dtype": "fp32"}
+    defaults = {"verbose": False, "data_parallel": 1, "nnodes": 1, "dtype": "fp32"}
     for key, value in vars(request).items():
         if value is None or defaults.get(key) == value or value is False:
             continue

@@ -50,7 +50,7 @@ class StageModel:
 
     def __init__(self, plan: Plan, checkpoint: Checkpoint, *, device: torch.device | None = None,
                  micro_batches: int | None = None, data_parallel: int = 1, models_dir: Path | None = None,
-                 tied_sum: str = "ordered", dtype: str = "fp32") -> None:
+                 tied_sum: str | None = None, dtype: str = "fp32") -> None:
         self.family, self.class_name, self.config, self.specs, self.micro_batch = plan_model(plan, models_dir)
         self.version = str(plan.model["version"])
         self.micro_batches, self.schedule = settings_of(plan, micro_batches)
@@ -60,7 +60,8 @@ class StageModel:
         example = {k: v.to("meta") for k, v in make_inputs(self.specs, self.config, self.micro_batch, "cpu").items()}
         self.run = PipelineRun(self.meta.model, plan, example, micro_batches=self.micro_batches,
                                schedule=self.schedule, device=self.device, materialize=self._materialize,
-                               tied_sum=tied_sum, autocast=DTYPES[dtype],
+                               tied_sum=tied_sum or Settings.from_plan(plan.settings).tied_sum,
+                               autocast=DTYPES[dtype],
                                mesh=_mesh(data_parallel, len(set(plan.ranks)), self.device))
         self.module: nn.Module = self.run.module
         self.loaded = list(checkpoint.loaded)  # the keys this rank read to build its stage
@@ -150,7 +151,7 @@ def _mesh(replicas: int, stages: int, device: torch.device) -> DeviceMesh | None
 
 def load_stage(plan: Plan, checkpoint: Path, device: torch.device | None = None,
                micro_batches: int | None = None, data_parallel: int = 1, models_dir: Path | None = None,
-               tied_sum: str = "ordered", dtype: str = "fp32") -> StageModel:
+               tied_sum: str | None = None, dtype: str = "fp32") -> StageModel:
     """This rank's stage of ``plan`` with its weights from the HF model directory ``checkpoint``.
 
     ``data_parallel`` replicas of the pipeline run on as many times the plan's stages in ranks;

@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from dataclasses import replace
 
 import pytest
 import torch
 from support.threads import threads
 from torch import nn
 
+from common.errors import UserError
 from partitioning.cost.calibration import Calibration
 from partitioning.cost.runtime import update_rate
 from partitioning.plan import Block
@@ -85,6 +87,28 @@ def test_the_ordered_tied_sum_passes_each_micro_batchs_partial_sum_along_the_use
     one_chunk = ChainCosts(chain([1.0] * 4, shared={0: ("emb",), 1: ("emb",)}), each, {"emb": 100})
     assert after_last_action(one_chunk, [(0, 1), (2, 3)], [0, 1], 2)[0] == (0.0, 0.0)  # one chunk holds it
     assert alone == (0.0,)
+
+
+def test_the_allreduce_tied_sum_is_one_ring_all_reduce_a_step() -> None:
+    """--tied-sum allreduce: no per-micro-batch work; each holder adds its copies, a ring all-reduce over the
+    holders (2 (H - 1) / H of the weight over the link, 2 (H - 1) latencies), the total copied into its copies."""
+    each = settings("1f1b", 3, bandwidth=10.0, memory_bandwidth=100.0, latency=0.01, update_rate=1e-9,
+                    tied_sum="allreduce")
+    costs = ChainCosts(chain([1.0] * 4, shared={0: ("emb",), 3: ("emb",)}), each, {"emb": 100})
+    ring = 2 * (50 / 10.0 + 0.01)  # H = 2: half the weight, twice (reduce-scatter, all-gather)
+    tied, _ = after_last_action(costs, [(0, 1), (2, 3)], [0, 1], 2)
+    assert tied == pytest.approx((ring, ring))  # one copy each: its gradient is the total, nothing copied
+    three = ChainCosts(chain([1.0] * 4, shared={0: ("emb",), 2: ("emb",), 3: ("emb",)}), each, {"emb": 100})
+    assert after_last_action(three, [(0, 1), (2, 3)], [0, 1], 2)[0] == pytest.approx((ring, ring))  # a copy a chunk
+    # V = 2, looped: rank 0 holds two copies (chunks 0 and 2): one addition (3 x 100 B) into a new tensor, then
+    # both copies written (2 x 2 x 100 B)
+    looped = [(0, 0), (1, 1), (2, 2), (3, 3)]
+    tied, _ = after_last_action(three, looped, [0, 1, 0, 1], 2)
+    assert tied == pytest.approx((ring + 3.0 + 4.0, ring))
+    ordered = ChainCosts(three.blocks, replace(each, tied_sum="ordered"), {"emb": 100})
+    assert after_last_action(ordered, looped, [0, 1, 0, 1], 2)[0][0] > 3 * tied[0]  # m = 3 walks, not one
+    with pytest.raises(UserError, match="unknown tied sum 'sum'"):
+        settings("1f1b", 3, tied_sum="sum")
 
 
 def test_auto_keeps_the_micro_batches_without_runtime_terms() -> None:
