@@ -19,7 +19,6 @@ import torch
 from support import train_runs
 from support.model_families import FAMILIES
 from support.train_runs import (
-    CASES,
     MICRO_BATCHES,
     OPTIONS,
     PER_MICRO_BATCH,
@@ -33,6 +32,14 @@ from partitioning.train.data import read_dataset
 from partitioning.train.stage import plan_model
 
 __all__ = ["MICRO_BATCHES", "OPTIONS", "PER_MICRO_BATCH", "STEPS", "assert_stage_only", "launch", "write_data"]
+# family -> (test config, [(schedule, first blocks of stages 1..K-1)])
+CASES: dict[str, tuple[str, list[tuple[str, str]]]] = {
+    "t5": ("2layer-gelu-tied", [("gpipe", "encoder.block.1"), ("1f1b", "decoder.embed")]),
+    "gpt2": ("3layer-tied-relu-inner", [("gpipe", "transformer.h.2"), ("1f1b", "lm_head")]),
+    "bert": ("1layer-tied", [("gpipe", "bert.encoder.layer.0"), ("1f1b", "cls")]),
+    "roberta": ("1layer-tied", [("1f1b", "roberta.encoder.layer.0"), ("gpipe", "lm_head")]),
+    "bart": ("2layer-scaled-3dec", [("gpipe", "decoder.embed"), ("1f1b", "model.decoder.layers.1")]),
+}
 TIED_BOUND = 1e-5  # --tied-sum allreduce, 3 AdamW steps at lr 0.01 (measured: 35 tensors differ, at most 6.0e-8)
 
 

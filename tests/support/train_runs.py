@@ -32,22 +32,20 @@ PER_MICRO_BATCH, MICRO_BATCHES, STEPS = 2, 2, 3
 LR = 0.01
 OPTIONS = ["--lr", str(LR), "--weight-decay", "0.01", "--warmup-steps", "2", "--decay", "cosine", "--clip-grad",
            "0.01"]  # small enough to clip every step
-# family -> (test config, [(schedule, first blocks of stages 1..K-1)]); the families of every release
-CASES: dict[str, tuple[str, list[tuple[str, str]]]] = {
-    "t5": ("2layer-gelu-tied", [("gpipe", "encoder.block.1"), ("1f1b", "decoder.embed")]),
-    "gpt2": ("3layer-tied-relu-inner", [("gpipe", "transformer.h.2"), ("1f1b", "lm_head")]),
-    "bert": ("1layer-tied", [("gpipe", "bert.encoder.layer.0"), ("1f1b", "cls")]),
-    "roberta": ("1layer-tied", [("1f1b", "roberta.encoder.layer.0"), ("gpipe", "lm_head")]),
-    "bart": ("2layer-scaled-3dec", [("gpipe", "decoder.embed"), ("1f1b", "model.decoder.layers.1")]),
-}
-# the decoder-only LLMs (4.40.2 on, support/llm_pipelining.py): the tied ones split between their layers,
-# so that the embedding and the head sit on different stages
-LLM_CASES: dict[str, tuple[str, list[tuple[str, str]]]] = {
-    "llama": ("tied", [("gpipe", "model.layers.1"), ("1f1b", "lm_head")]),
-    "qwen2": ("untied", [("gpipe", "model.layers.2"), ("1f1b", "norm")]),
-    "qwen3": ("tied", [("gpipe", "model.layers.1"), ("1f1b", "norm")]),
-    "mistral": ("untied", [("gpipe", "model.layers.1"), ("1f1b", "lm_head")]),
-    "gemma3": ("tied", [("gpipe", "model.layers.1"), ("1f1b", "lm_head")]),
+# The families of every other release (train_release_worker.py): family -> (its smallest tiny config, the first
+# block of stage 1 per schedule).  The LLMs' tied configs split between the layers (embedding and head on
+# different stages); Mistral runs untied.
+RELEASE_CASES: dict[str, tuple[str, dict[str, str]]] = {
+    "t5": ("1layer-relu-tied", {"gpipe": "decoder.embed", "1f1b": "encoder.block.0"}),
+    "gpt2": ("1layer-tied", {"gpipe": "transformer.h.0", "1f1b": "lm_head"}),
+    "bert": ("1layer-tied", {"gpipe": "bert.encoder.layer.0", "1f1b": "cls"}),
+    "roberta": ("1layer-tied", {"gpipe": "lm_head", "1f1b": "roberta.encoder.layer.0"}),
+    "bart": ("1layer-tied", {"gpipe": "decoder.embed", "1f1b": "model.decoder.layers.0"}),
+    "llama": ("tied", {"gpipe": "model.layers.1", "1f1b": "lm_head"}),
+    "qwen2": ("tied", {"gpipe": "norm", "1f1b": "model.layers.1"}),
+    "qwen3": ("tied", {"gpipe": "model.layers.1", "1f1b": "norm"}),
+    "mistral": ("untied", {"gpipe": "model.layers.1", "1f1b": "lm_head"}),
+    "gemma3": ("tied", {"gpipe": "model.layers.1", "1f1b": "lm_head"}),
 }
 
 
