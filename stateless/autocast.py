@@ -6,7 +6,8 @@ nothing, yet torch.export records it as a higher-order op (``wrap_with_autocast`
 tuple output torch.distributed.pipelining's stage splitting cannot send or take as an argument
 (``Expected positional argument for parameter submod_1``, ``'tuple' object has no attribute 'shape'``).
 The converter redirects ``torch.autocast`` here (``leaf_calls``, traced): the same context where autocast
-is on or asked for, no context otherwise.  Eager results are the same either way.
+is on or asked for, no context otherwise.  Eager results are the same either way.  On ``meta`` (a model traced
+there before its stages are loaded) there is no autocast to ask about: no context, as 5.x's does.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import torch
 def maybe_autocast(device_type: str, dtype: torch.dtype | None = None, enabled: bool = True,
                    cache_enabled: bool | None = None) -> Any:
     """``torch.autocast(...)`` if autocast is enabled for ``device_type`` or ``enabled``; else a null context."""
+    if device_type == "meta":  # torch.is_autocast_enabled("meta") raises
+        return contextlib.nullcontext()
     if torch.is_autocast_enabled(device_type) or enabled:
         return torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
     return contextlib.nullcontext()

@@ -26,8 +26,8 @@ REPO = Path(__file__).parent.parent
 # one started last would leave the other core idle until it ends. pyproject.toml's --maxschedchunk
 # makes xdist hand them out one by one as workers free up.
 SLOW_FIRST = ("test_committed_packages.py", "test_seed_releases.py", "test_pipelining_four_ranks.py", "test_train_dp.py",
-              "test_llm_releases.py", "test_train_model.py", "test_t5_releases.py", "test_llm_pipelining.py",
-              "test_pipelining.py", "test_pipelining_schedules.py", "test_train_real_weights.py",
+              "test_llm_releases.py", "test_train_model.py", "test_train_releases.py", "test_t5_releases.py",
+              "test_llm_pipelining.py", "test_pipelining.py", "test_pipelining_schedules.py", "test_train_real_weights.py",
               "test_train_hostile.py", "test_train_text.py", "test_t5_tracing.py", "test_model_tracing.py",
               "test_heads.py", "test_real_weights.py", "test_train_chunks.py", "test_timeline.py")
 

@@ -73,7 +73,7 @@ from partitioning.gpu.schedule_stages import (
     weight_groups_share_nodes,
     weight_only_senders,
 )
-from partitioning.gpu.stage_graphs import contiguous_boundaries, relay_along_chain, sort_stage_inputs
+from partitioning.gpu.stage_graphs import contiguous_boundaries, relay_along_chain, retarget_devices, sort_stage_inputs
 from partitioning.gpu.tied import TiedCopy, holders, ordered_sum
 from partitioning.plan import Plan
 from partitioning.solve.costs import TIED_SUMS
@@ -189,6 +189,7 @@ class PipelineRun:
         for module in self.chunk_modules:
             if materialize is not None:
                 materialize(module)
+            retarget_devices(module, device)
             contiguous_boundaries(module, copy=splits)
             if autocast is not None:
                 under_autocast(module, device.type, autocast)
@@ -268,9 +269,7 @@ class PipelineRun:
         for copies in by_name.values():
             grads = [copy.parameter.grad for copy in copies if copy.parameter.grad is not None]
             if self.tied_sum == "allreduce":
-                total = grads[0]
-                for grad in grads[1:]:
-                    total = total + grad
+                total = sum(grads[1:], grads[0])  # grads[0] + grads[1] + ..., grads[0] itself when alone
                 dist.all_reduce(total, group=copies[0].group)
                 if self.replicas > 1:
                     total = total / self.replicas  # as DDP averages the other parameters

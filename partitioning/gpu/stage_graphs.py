@@ -171,3 +171,21 @@ def sort_stage_inputs(split_gm: torch.fx.GraphModule) -> None:
         module.recompile()
         stage.args = tuple(stage.args[index] for index in permutation)
     split_gm.recompile()
+
+
+def retarget_devices(stage_module: torch.nn.Module, device: torch.device) -> None:
+    """Give the device arguments a trace on ``meta`` recorded (``torch.arange(n, device=x.device)`` of a mask, a
+    ``.to(x.device)``) the run's ``device``: else the stage would make those tensors on ``meta`` and combine them
+    with its inputs.  Every graph of the stage is rewritten (unflattened submodules are interpreted from theirs)."""
+    def retarget(value: Any) -> Any:
+        return device if isinstance(value, torch.device) and value.type == "meta" else value
+
+    for module in stage_module.modules():
+        graph = getattr(module, "graph", None)
+        if not isinstance(graph, torch.fx.Graph):
+            continue
+        for node in graph.nodes:
+            node.args = torch.fx.node.map_aggregate(node.args, retarget)
+            node.kwargs = torch.fx.node.map_aggregate(node.kwargs, retarget)
+        if isinstance(module, torch.fx.GraphModule):
+            module.recompile()

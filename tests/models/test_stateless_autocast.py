@@ -38,3 +38,17 @@ def test_no_context_where_autocast_is_off_the_same_one_where_it_is_on() -> None:
         got, stock = Rotary(maybe_autocast)(x), Rotary(torch.autocast)(x)
     assert got.dtype == torch.float32 and torch.equal(got, stock)
     assert not isinstance(maybe_autocast("cpu", enabled=False), torch.autocast)
+
+
+def test_no_context_on_meta() -> None:
+    """A model traced on ``meta`` (train-model's ranks, before loading their stages): torch has no autocast state
+    for ``meta`` (``torch.is_autocast_enabled("meta")`` raises), so no context, as transformers 5.x's."""
+    x = torch.empty(3, 4, device="meta")
+
+    class OnMeta(Rotary):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with maybe_autocast(device_type=x.device.type, enabled=False):
+                return (x @ x.transpose(0, 1)).cos()
+
+    assert OnMeta(maybe_autocast)(x).device.type == "meta"
+    assert higher_order_ops(OnMeta(maybe_autocast), x) == []

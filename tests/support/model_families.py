@@ -10,8 +10,8 @@ from support.bert_models import BERT
 from support.gpt2_models import GPT2
 from support.model_checks import Family, Inputs
 from support.roberta_models import ROBERTA
-
-T5_SOURCE, T5_TARGET = 7, 5
+from support.t5_cases import TRAIN_SOURCE as T5_SOURCE
+from support.t5_cases import TRAIN_TARGET as T5_TARGET
 
 
 def t5_train_batch(cfg: object, size: int, seed: int) -> Inputs:

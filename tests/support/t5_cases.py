@@ -23,6 +23,7 @@ CONFIGS = {
     "2layer-gelu-tied": dict(num_layers=2, num_decoder_layers=3, feed_forward_proj="gated-gelu",
                              tie_word_embeddings=True),
 }
+TRAIN_SOURCE, TRAIN_TARGET = 7, 5  # the sequence lengths of a training batch (model_families.t5_train_batch)
 COMMON = dict(vocab_size=48, d_model=16, d_kv=4, d_ff=24, num_heads=2, relative_attention_num_buckets=8,
               dropout_rate=0.1, decoder_start_token_id=0, pad_token_id=0)
 

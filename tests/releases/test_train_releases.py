@@ -1,0 +1,62 @@
+"""train-model equals one process at the releases other than 4.5.1, for every family committed at each.
+
+One torchrun launch per release (tests/support/train_release_worker.py, PYTHONPATH that release's side-by-side
+install, one thread on both sides): for every family with a package committed at the release, a stock
+checkpoint of its default class (tiny config without dropout, support/train_runs.py RELEASE_CASES), a 2-stage
+plan and a data file; all families' train-model runs (3 AdamW steps, warm-up, clipping, weight decay) on its
+2 gloo ranks, GPipe and 1F1B alternating along the families and the other way round at the
+next release; each saved directory loaded with that release's stock from_pretrained (no missing or unexpected
+keys) and torch.equal, tensor by tensor, to the same steps in one process (stock model, torch.optim.AdamW).
+4.5.1 is tests/partitioning/test_train_model.py's.  Shown to fail: the worker's ``--reference-lr 0.0101`` (the
+ranks train at 0.01) makes every family's tensors differ (17 to 52 per family, up to 7.5e-4) and exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import load_script
+from support import REPO, SUPPORT, TORCHRUN
+from support.release_process import environment
+
+installer = load_script("install_releases")
+RELEASES = ("4.57.6", "5.23.0")  # the newest 4.x and 5.x
+EVERY_FAMILY = {"t5", "gpt2", "bert", "roberta", "bart", "llama", "qwen2", "qwen3", "mistral", "gemma3"}
+
+
+def committed(release: str) -> list[str]:
+    """The families with a generated package committed for ``release``."""
+    package = "v" + release.replace(".", "_")
+    return sorted(path.parent.name for path in (REPO / "generated_models").glob(f"*/{package}") if path.is_dir())
+
+
+def run_worker(release: str, out: Path) -> tuple[int, dict | None, str]:
+    """The worker's torchrun launch for ``release``: (exit code, both ranks' results or None, the end of its output)."""
+    listed = {r.version: r for r in installer.read_releases()}
+    assert release in listed and installer.is_installed(listed[release]), (
+        f"no stock install of transformers {release}: run bash scripts/setup.sh")
+    install = installer.install_dir(release)
+    first = ("gpipe", "1f1b")[RELEASES.index(release) % 2]
+    proc = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node=2", str(SUPPORT / "train_release_worker.py"),
+                           "--release", release, "--install-dir", str(install), "--families", ",".join(committed(release)),
+                           "--first", first, "--out", str(out)], env=environment(install), capture_output=True,
+                          text=True, timeout=900)
+    parts = sorted(out.glob("result.rank*.json"))
+    result = {name: r for part in parts for name, r in json.loads(part.read_text()).items()} if len(parts) == 2 else None
+    return proc.returncode, result, (proc.stdout + proc.stderr)[-4000:]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_train_model_equals_one_process_at_every_release(release: str, tmp_path: Path) -> None:
+    assert set(committed(release)) == EVERY_FAMILY, committed(release)
+    code, result, output = run_worker(release, tmp_path)
+    assert result is not None, f"transformers {release}: the worker wrote no result (exit {code}): {output}"
+    assert sorted(result) == sorted(EVERY_FAMILY)
+    different = {name: sorted(r["different"].items(), key=lambda item: -item[1])[:3]
+                 for name, r in result.items() if r["different"]}
+    assert different == {} and code == 0, f"transformers {release}: {different}"
+    schedules = [r["schedule"] for r in result.values()]
+    assert schedules.count("gpipe") == 5 and schedules.count("1f1b") == 5, schedules

@@ -1,0 +1,200 @@
+"""train-model runs against one process, for any family at the release this process imports.
+
+Shared by the 4.5.1 acceptance tests (tests/partitioning/test_train_model.py and its neighbours) and the
+per-release worker (train_release_worker.py, run with another release's install first on PYTHONPATH):
+a stock checkpoint saved with save_pretrained (tiny config, no dropout), a plan cut at named blocks, a data
+file, a torchrun launch running several train-model command lines (train_worker.py), and the reference: the
+same steps in one process with the stock model, torch.optim.AdamW, transformers' warm-up and clip_grad_norm_.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import transformers
+
+from families.family import ModelFamily
+from families.models import MicroBatch
+from partitioning.cost.chain import family_chain
+from partitioning.solve.partition import Settings, build_plan
+from partitioning.train.data import read_dataset
+from partitioning.train.stage import plan_model
+from support import REPO, SUPPORT, TORCHRUN
+from support.threads import threads
+
+PER_MICRO_BATCH, MICRO_BATCHES, STEPS = 2, 2, 3
+LR = 0.01
+OPTIONS = ["--lr", str(LR), "--weight-decay", "0.01", "--warmup-steps", "2", "--decay", "cosine", "--clip-grad",
+           "0.01"]  # small enough to clip every step
+# The families of every other release (train_release_worker.py): family -> (its smallest tiny config, the first
+# block of stage 1 per schedule).  The LLMs' tied configs split between the layers (embedding and head on
+# different stages); Mistral runs untied.
+RELEASE_CASES: dict[str, tuple[str, dict[str, str]]] = {
+    "t5": ("1layer-relu-tied", {"gpipe": "decoder.embed", "1f1b": "encoder.block.0"}),
+    "gpt2": ("1layer-tied", {"gpipe": "transformer.h.0", "1f1b": "lm_head"}),
+    "bert": ("1layer-tied", {"gpipe": "bert.encoder.layer.0", "1f1b": "cls"}),
+    "roberta": ("1layer-tied", {"gpipe": "lm_head", "1f1b": "roberta.encoder.layer.0"}),
+    "bart": ("1layer-tied", {"gpipe": "decoder.embed", "1f1b": "model.decoder.layers.0"}),
+    "llama": ("tied", {"gpipe": "model.layers.1", "1f1b": "lm_head"}),
+    "qwen2": ("tied", {"gpipe": "norm", "1f1b": "model.layers.1"}),
+    "qwen3": ("tied", {"gpipe": "model.layers.1", "1f1b": "norm"}),
+    "mistral": ("untied", {"gpipe": "model.layers.1", "1f1b": "lm_head"}),
+    "gemma3": ("tied", {"gpipe": "model.layers.1", "1f1b": "lm_head"}),
+}
+
+
+class TrainFamily(Protocol):
+    """What these helpers read of a family at one release (support.model_checks.Family, llm_pipelining.LLM)."""
+
+    name: str
+    train_lengths: dict[str, int]
+
+    def make_config(self, name: str) -> Any: ...
+
+    @property
+    def model_family(self) -> ModelFamily: ...
+
+
+def without_dropout(cfg: Any) -> Any:
+    """The config with every dropout probability 0: the reference and the ranks draw no random numbers."""
+    for key, value in cfg.to_dict().items():
+        if isinstance(value, float) and ("dropout" in key or key.endswith("pdrop")):
+            setattr(cfg, key, 0.0)
+    return cfg
+
+
+def stock_class(family: TrainFamily) -> Any:
+    """The family's default (training) class, from the transformers this process imports."""
+    return getattr(transformers, family.model_family.definition.default_class)
+
+
+def load_stock(family: TrainFamily, directory: Path, **kwargs: Any) -> Any:
+    """Stock ``from_pretrained`` of the default class, with eager attention where the release offers several
+    (from 4.36 it would pick sdpa; the generated model, and so train-model, computes the eager one)."""
+    cls = stock_class(family)
+    if hasattr(cls.config_class(), "_attn_implementation"):
+        kwargs["attn_implementation"] = "eager"
+    return cls.from_pretrained(directory, **kwargs)
+
+
+def save_checkpoint(family: TrainFamily, config_name: str, directory: Path) -> Any:
+    """A stock model of the named config, seeded, saved with save_pretrained; its config."""
+    cfg = without_dropout(family.make_config(config_name))
+    torch.manual_seed(0)
+    stock_class(family)(cfg).save_pretrained(directory)
+    return cfg
+
+
+def write_plan(family: TrainFamily, cfg: Any, split: str, schedule: str, path: Path, tied_sum: str = "ordered") -> None:
+    """A plan of the default class whose stages 1..K-1 start at the comma-separated blocks of ``split``; the run's
+    tied sum ``tied_sum`` (train-model runs the plan's)."""
+    models = family.model_family
+    class_name = models.definition.default_class
+    micro_batch = MicroBatch(PER_MICRO_BATCH, family.train_lengths)
+    chain = family_chain(models, class_name, cfg, micro_batch)
+    names = [block.name for block in chain.blocks]
+    starts = [0] + [names.index(name) for name in split.split(",")]
+    plan = build_plan(chain.blocks, [(a, b - 1) for a, b in zip(starts, starts[1:] + [len(names)])],
+                      Settings(micro_batches=MICRO_BATCHES, schedule=schedule, tied_sum=tied_sum), {},
+                      values=chain.values)
+    plan.model = models.describe(class_name, cfg, micro_batch, "test", 1)
+    path.write_text(plan.to_json())
+
+
+def write_data(path: Path, plan: Path, count: int = 7, seed: int = 0) -> None:
+    """Examples of random lengths (padded by the reader), some labels ignored, masks left to the reader."""
+    from partitioning.files import read_plan
+
+    _, _, cfg, specs, micro_batch = plan_model(read_plan(plan))
+    rng = random.Random(seed)
+    with path.open("w") as out:
+        for _ in range(count):
+            lengths = {name: rng.randint(2, size) for name, size in micro_batch.lengths.items()}
+            example: dict[str, Any] = {}
+            for spec in specs:
+                if spec.fill != "randint":
+                    continue
+                low = spec.low if isinstance(spec.low, int) else getattr(cfg, spec.low)
+                high = spec.high if isinstance(spec.high, int) else getattr(cfg, str(spec.high))
+                dims = [d for d in spec.shape if d != "batch"]
+                values = [rng.randrange(low, high) for _ in range(lengths[str(dims[0])] if dims else 1)]
+                if spec.name.endswith("labels"):
+                    values = [-100 if rng.random() < 0.2 else v for v in values]
+                example[spec.name] = values if dims else values[0]
+            out.write(json.dumps(example) + "\n")
+
+
+def launch(ranks: int, cases: dict[str, list[str]], out: Path) -> dict[str, list[dict]]:
+    """Run each case (a train-model command line) on ``ranks`` torchrun ranks; each rank's record per case.
+
+    The ranks import what this process does: this checkout first, then this process's PYTHONPATH (a release's
+    side-by-side install in a release worker).
+    """
+    out.mkdir(exist_ok=True)
+    (out / "cases.json").write_text(json.dumps(cases))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([TORCHRUN, "--standalone", f"--nproc-per-node={ranks}", str(SUPPORT / "train_worker.py"),
+                             str(out), str(out / "cases.json")], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    records: dict[str, list[dict]] = {}
+    for path in sorted(out.glob("*.rank*.json")):
+        record = json.loads(path.read_text())
+        records.setdefault(record["case"], []).append(record)
+    assert sorted(records) == sorted(cases)
+    return records
+
+
+def reference(family: TrainFamily, checkpoint: Path, plan: Path, data: Path, steps: int,
+              micro_batches: int = MICRO_BATCHES, bf16: bool = False, lr: float = LR) -> torch.nn.Module:
+    """``steps`` steps in one process: stock model, AdamW, transformers' cosine warm-up, clip_grad_norm_.
+
+    A step is ``micro_batches`` micro-batches (all replicas' of a data-parallel run), their gradients averaged.
+    ``bf16``: each forward under CPU bf16 autocast, the backward outside it (fp32 weights and AdamW).
+    ``lr``: the ranks' (OPTIONS); another one shows a comparison can fail.
+    """
+    from partitioning.files import read_plan
+
+    _, _, cfg, specs, micro_batch = plan_model(read_plan(plan))
+    size = PER_MICRO_BATCH * micro_batches
+    dataset = read_dataset(data, specs, cfg, micro_batch, size)
+    with threads():
+        model = load_stock(family, checkpoint).train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+        scheduler = transformers.get_cosine_schedule_with_warmup(optimizer, 2, steps)
+        for step in range(steps):
+            batch = dataset.batch(step, size, 0)
+            for chunk in range(micro_batches):
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    loss = model(**{k: v.tensor_split(micro_batches)[chunk] for k, v in batch.items()}).loss
+                loss.backward()
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad.div_(micro_batches)  # the schedule scales the summed gradients so
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+    return model
+
+
+def saved_differences(family: TrainFamily, saved: Path, expected: torch.nn.Module) -> dict[str, float]:
+    """Stock key -> the largest absolute difference, for every tensor of ``saved`` not torch.equal to ``expected``."""
+    model, info = load_stock(family, saved, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info  # lists, or sets from 5.0 on
+    got, want = model.state_dict(), expected.state_dict()
+    assert sorted(got) == sorted(want)
+    return {key: float((got[key].double() - want[key].double()).abs().max()) for key in want
+            if not torch.equal(got[key], want[key])}
+
+
+def assert_stage_only(records: list[dict]) -> None:
+    for record in records:
+        assert record["others_meta"], record["rank"]  # no other stage's parameter was ever given memory
+        assert record["loaded"] == record["own"], record["rank"]  # exactly this stage's tensors were read
