@@ -2,8 +2,8 @@
 
 One worker process per release checks every seed family committed for it (tests/support/seed_release_worker.py:
 eval, train loss and every gradient, state-dict keys, stateless, fx on two shapes, train-mode graph, export strict
-and non-strict with dynamic sizes (non-strict: every class at the newest release, one per family description at
-the others, rotating: release_process.export_pick), and the trained all-MiniLM-L6-v2 under BERT's classifier head on real text; the suite runs one export mode per release but the newest, alternating:
+and non-strict with dynamic sizes; stateless and non-strict exports take every config and class at the newest
+release, one per family description at the others, rotating: release_process.picks, and the trained all-MiniLM-L6-v2 under BERT's classifier head on real text; the suite runs one export mode per release but the newest, alternating:
 release_process.suite_checks), with PYTHONPATH set to that release's side-by-side install. 4.5.1, the release
 installed in .venv, is checked in this process by tests/models/. A package committed without its stock install
 fails here; nothing is skipped. That each package is what the converter writes is
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import load_script
 from support import REPO
-from support.release_process import export_pick, suite_checks
+from support.release_process import picks, suite_checks
 from support.seed_release_worker import CHECKS, run_in_subprocess
 from support.seed_releases import FAMILIES
 
@@ -57,7 +57,7 @@ def test_generated_seed_families_equal_stock(release: str, tmp_path: Path) -> No
     families, checks = COMMITTED[release], suite_checks(CHECKS, release, list(COMMITTED))
     code, record, stderr = run_release(release, families, tmp_path / "r.json", checks=",".join(checks),
                                        real_weights="bert" in families,
-                                       export_pick=export_pick(release, list(COMMITTED)))
+                                       picks=picks(release, list(COMMITTED)))
     assert record is not None, f"transformers {release}: the worker wrote no result (exit {code}): {stderr[-3000:]}"
     problems = failures(record)
     assert not problems and code == 0, f"transformers {release}: " + "\n".join(problems[:20])

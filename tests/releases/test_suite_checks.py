@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from support.release_process import EXPORT_MODES, export_pick, suite_checks
+from support.release_process import EXPORT_MODES, picks, suite_checks
 
 CHECKS = ("eval", "train", "fx", *EXPORT_MODES)
 
@@ -16,11 +16,12 @@ def test_export_modes_alternate_along_the_releases_and_the_newest_runs_both() ->
     assert suite_checks(("eval",), "4.5.1", releases) == ("eval",)
 
 
-def test_non_strict_exports_rotate_the_class_along_the_releases_and_the_newest_exports_every_class() -> None:
+def test_stateless_configs_and_non_strict_classes_rotate_along_the_releases_and_the_newest_takes_all() -> None:
     releases = ["4.57.6", "4.10.3", "5.23.0", "4.5.1", "4.40.2"]
-    picks = {release: export_pick(release, releases) for release in releases}
-    assert picks == {"4.5.1": 0, "4.10.3": 0, "4.40.2": 1, "4.57.6": 1, "5.23.0": None}
+    taken = {release: picks(release, releases) for release in releases}
+    assert taken["5.23.0"] == {}
+    assert [taken[r]["stateless"] for r in ("4.5.1", "4.10.3", "4.40.2", "4.57.6")] == [0, 1, 2, 3]
     # the releases that export non-strict (every other one) take consecutive classes: all of a family's five
     eleven = [f"4.{minor}.0" for minor in range(10)] + ["5.0.0"]
     non_strict = [r for r in eleven[:-1] if "export-non-strict" in suite_checks(CHECKS, r, eleven)]
-    assert [export_pick(r, eleven) for r in non_strict] == [0, 1, 2, 3, 4]
+    assert [picks(r, eleven)["export-non-strict"] for r in non_strict] == [0, 1, 2, 3, 4]

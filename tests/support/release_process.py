@@ -43,12 +43,13 @@ def suite_checks(checks: tuple[str, ...], release: str, releases: list[str]) -> 
     return tuple(check for check in checks if check != EXPORT_MODES[1 - position % 2])
 
 
-def export_pick(release: str, releases: list[str]) -> int | None:
-    """Which class of each family a non-strict export takes at ``release`` in the suite: every class (None) at the
-    newest, at the others the next class at each release that exports non-strict (every other one: suite_checks),
-    so that the classes rotate along the releases."""
+def picks(release: str, releases: list[str]) -> dict[str, int]:
+    """Which of each family's configs the stateless check, and which of its classes a non-strict export, takes at
+    ``release`` in the suite: all (no pick) at the newest; at the others the config at the release's position, and
+    the next class at each release that exports non-strict (every other one: suite_checks), so that both rotate
+    along the releases."""
     from common.versions import Release
 
     ordered = sorted(releases, key=Release.parse)
     position = ordered.index(release)
-    return None if position == len(ordered) - 1 else position // 2
+    return {} if position == len(ordered) - 1 else {"stateless": position, "export-non-strict": position // 2}

@@ -5,7 +5,7 @@ committed for the release is checked here, so a release costs one interpreter an
 describes itself at the release in tests/support/seed_releases/<family>.py.
 
     python tests/support/seed_release_worker.py --release 4.57.6 --install-dir .venv/transformers/4.57.6 \\
-        --families gpt2,bert --json out.json [--checks eval,fx] [--generated gpt2=PATH] [--real-weights] [--export-pick K]
+        --families gpt2,bert --json out.json [--checks eval,fx] [--generated gpt2=PATH] [--real-weights] [--pick CHECK=K]
 
 Checks (named cases per family; a failing case does not stop the others), stock with eager attention:
   eval               every config, class and path, with and without masks: outputs torch.equal
@@ -13,12 +13,13 @@ Checks (named cases per family; a failing case does not stop the others), stock 
                      gradient torch.equal
   state-dict         stock's keys, in order
   stateless          make_stateless(): eval outputs, train loss and every gradient equal (the shared weight's
-                     against the embedding's); stateful_state_dict() has stock's keys and values
+                     against the embedding's); stateful_state_dict() has stock's keys and values; every config
+                     (--pick stateless=K: the K-th of each Family's)
   fx                 symbolic_trace (absent inputs concrete None): equal to eager on the traced shape and another
   train-graph        a graph traced in train mode follows .eval() and .train() (and drops out in train)
   export-strict, export-non-strict   every size that differs between two shapes dynamic (Dim.AUTO), the
                      exported program equal to eager on both shapes (a specialised size fails the second); strict
-                     the default class, non-strict every class (--export-pick K: the K-th of each Family's)
+                     the default class, non-strict every class (--pick export-non-strict=K: the K-th of each Family's)
 With --real-weights (BERT among the families): all-MiniLM-L6-v2 under a new BertForSequenceClassification
 head, stock's and ours, on real text (tests/support/real_weights.py), recorded as "real-weights".
 Exit 0 when every check passed, 1 when one failed, 2 when the environment is wrong.
@@ -96,8 +97,10 @@ def check_state_dict(family: Family) -> Iterator[Case]:
         yield class_name, run
 
 
-def check_stateless(family: Family) -> Iterator[Case]:
-    for config_name in family.configs:
+def check_stateless(family: Family, pick: int | None = None) -> Iterator[Case]:
+    """Every config, or with ``pick`` the config at that position (modulo the count; the suite rotates it)."""
+    configs = family.configs if pick is None else (family.configs[pick % len(family.configs)],)
+    for config_name in configs:
         for class_name in family.classes:
             if family.shared_key(class_name) is None:
                 continue
@@ -192,22 +195,24 @@ def export_cases(family: Family, strict: bool, pick: int | None = None) -> Itera
         yield f"{class_name}/{path}", run
 
 
-RUNNERS: dict[str, Callable[[Family, int | None], Iterator[Case]]] = {
+Picks = dict[str, int]  # check -> which of each Family's classes or configs it takes (absent: all)
+RUNNERS: dict[str, Callable[[Family, Picks], Iterator[Case]]] = {
     "eval": lambda family, _: check_eval(family), "train": lambda family, _: check_train(family),
-    "state-dict": lambda family, _: check_state_dict(family), "stateless": lambda family, _: check_stateless(family),
+    "state-dict": lambda family, _: check_state_dict(family),
+    "stateless": lambda family, picks: check_stateless(family, picks.get("stateless")),
     "fx": lambda family, _: check_fx(family), "train-graph": lambda family, _: check_train_graph(family),
     "export-strict": lambda family, _: export_cases(family, strict=True),
-    "export-non-strict": lambda family, pick: export_cases(family, strict=False, pick=pick),
+    "export-non-strict": lambda family, picks: export_cases(family, strict=False, pick=picks.get("export-non-strict")),
 }
 
 
-def run_checks(members: list[Family], names: list[str], pick: int | None = None) -> dict[str, dict]:
+def run_checks(members: list[Family], names: list[str], picks: Picks | None = None) -> dict[str, dict]:
     results = {}
     for name in names:
         started, failures, passed = time.monotonic(), {}, 0
         for family in members:
             try:
-                for case, thunk in RUNNERS[name](family, pick):
+                for case, thunk in RUNNERS[name](family, picks or {}):
                     try:
                         thunk()
                         passed += 1
@@ -245,7 +250,7 @@ def with_generated(member: Family, path: Path) -> Family:
 
 def run_in_subprocess(release: str, install_dir: Path, names: list[str], out: Path, checks: str | None = None,
                       generated: dict[str, Path] | None = None, real_weights: bool = False,
-                      export_pick: int | None = None, timeout: float = 1800) -> tuple[int, dict | None, str]:
+                      picks: dict[str, int] | None = None, timeout: float = 1800) -> tuple[int, dict | None, str]:
     """This worker for one release in a fresh interpreter: (exit code, results or None, stderr)."""
     import subprocess
 
@@ -257,8 +262,8 @@ def run_in_subprocess(release: str, install_dir: Path, names: list[str], out: Pa
         command += ["--generated", f"{family}={path}"]
     if real_weights:
         command.append("--real-weights")
-    if export_pick is not None:
-        command += ["--export-pick", str(export_pick)]
+    for check, k in (picks or {}).items():
+        command += ["--pick", f"{check}={k}"]
     proc = subprocess.run(command, env=environment(install_dir), capture_output=True, text=True, timeout=timeout)
     record = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else None
     return proc.returncode, record, proc.stderr
@@ -273,14 +278,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generated", action="append", default=[], help="FAMILY=PATH: check this file instead")
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--real-weights", action="store_true", help="also the trained BERT checkpoint's head")
-    parser.add_argument("--export-pick", type=int, help="non-strict export: only each Family's class at this position")
+    parser.add_argument("--pick", action="append", default=[], metavar="CHECK=K",
+                        help="stateless: only each Family's K-th config; export-non-strict: only its K-th class")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     problem = wrong_release(args.release, args.install_dir)
     names = [name for name in args.checks.split(",") if name]
     chosen = [name for name in args.families.split(",") if name]
     overrides = dict(item.split("=", 1) for item in args.generated)
-    if problem or set(names) - set(RUNNERS) or set(chosen) - set(FAMILIES) or (args.real_weights and "bert" not in chosen):
+    picks = {check: int(k) for check, k in (item.split("=", 1) for item in args.pick)}
+    if (problem or set(names) - set(RUNNERS) or set(chosen) - set(FAMILIES) or set(picks) - {"stateless", "export-non-strict"}
+            or (args.real_weights and "bert" not in chosen)):
         print(f"seed-release-worker: {problem or 'unknown checks or families'}", file=sys.stderr)
         return 2
     record: dict = {"release": args.release, "families": {}}
@@ -294,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
             failed = {"ok": False, "passed": 0, "seconds": 0.0, "failures": {"(import)": describe(exc)}}
             record["families"][name] = {check: failed for check in names}
             continue
-        record["families"][name] = run_checks(members, names, args.export_pick)
+        record["families"][name] = run_checks(members, names, picks)
         if name == "bert" and args.real_weights:
             record["real-weights"] = check_real_weights(members[0])
     record["seconds"] = round(time.monotonic() - started, 2)
