@@ -249,14 +249,14 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def restore(directory: Path, rank: int, optimizer: torch.optim.Optimizer, scheduler: Any, names: list[str],
-            replica: int = 0) -> None:
+            parameters: list[torch.nn.Parameter], replica: int = 0) -> None:
+    """Continue from ``directory``: ``parameters`` (the stage's, named ``names``) and the optimizer's state."""
     path = directory / stage_file(rank)
     state = _load(path)
     if state.get("names") != names:
         raise UserError(f"{path} holds the state of other parameters: resume with the plan it was saved with")
     optimizer.load_state_dict(state["optimizer"])
     masters = state.get("masters") or {}
-    parameters = [p for group in optimizer.param_groups for p in group["params"]]
     with torch.no_grad():  # the weights as trained, where the checkpoint holds them rounded (bf16, fp16)
         for name, parameter in zip(names, parameters):
             if name in masters:
