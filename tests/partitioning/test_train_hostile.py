@@ -250,18 +250,23 @@ def test_ctrl_c_during_a_save_is_one_line_and_the_previous_save_stays_whole(setu
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
                              start_new_session=True)
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and child.poll() is None and not (out / "train_state.json").is_file():
-        time.sleep(0.1)
-    assert (out / "train_state.json").is_file(), child.communicate()
-    lock = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        before = _catch_a_save(out, lock, deadline)
-        os.killpg(child.pid, signal.SIGINT)
-        while _rank_pids(setup["plan"]) and time.monotonic() < deadline:  # held until the ranks are gone
-            time.sleep(0.05)
+        while time.monotonic() < deadline and child.poll() is None and not (out / "train_state.json").is_file():
+            time.sleep(0.1)
+        assert (out / "train_state.json").is_file(), child.communicate()
+        lock = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            before = _catch_a_save(out, lock, deadline)
+            os.killpg(child.pid, signal.SIGINT)
+            while _rank_pids(setup["plan"]) and time.monotonic() < deadline:  # held until the ranks are gone
+                time.sleep(0.05)
+        finally:
+            os.close(lock)
+        _, err = child.communicate(timeout=120)
     finally:
-        os.close(lock)
-    _, err = child.communicate(timeout=120)
+        if child.poll() is None:  # the test failed before its Ctrl-C: stop the run (it stops its ranks)
+            os.killpg(child.pid, signal.SIGTERM)
+            child.communicate(timeout=120)
     assert child.returncode == 2 and err == "train-model: interrupted\n", err
     assert _files(out) == before and not any(is_temporary(path.name) for path in out.rglob("*"))
     _, info = stock_class("t5").from_pretrained(out, output_loading_info=True)
