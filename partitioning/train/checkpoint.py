@@ -118,3 +118,24 @@ class Checkpoint:
 
 def describe_shape(shape: tuple[int, ...]) -> str:
     return json.dumps(list(shape))
+
+
+def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """Write ``tensors`` as a safetensors file into ``path`` (a staged temporary, common.atomic.stage), one tensor
+    at a time.  safetensors' own ``save_file`` writes a ``.tmpXXXXXX`` of its own beside the file and renames it:
+    a rank stopped mid-write would leave that behind, a name no cleanup can tell from a user's file."""
+    names = {dtype: name for name, dtype in _DTYPES.items()}
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for key in sorted(tensors):
+        tensor = tensors[key]
+        size = tensor.numel() * tensor.element_size()
+        header[key] = {"dtype": names[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [offset,
+                                                                                                   offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data 8-byte aligned, as safetensors writes it
+    with open(path, "wb") as handle:
+        handle.write(len(text).to_bytes(8, "little") + text)
+        for key in sorted(tensors):
+            handle.write(tensors[key].detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().data)

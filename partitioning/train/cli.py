@@ -213,8 +213,15 @@ def _execute(request: Request, shown: Request) -> int:
                 command = [PROG, *to_argv(replace(shown, node_rank=node, rdzv_endpoint=endpoint))]
             print(" ".join(shlex.quote(part) for part in command))
         return 0
-    run_ranks(RANK_MODULE, argv, per_node, PROG, nodes=request.nnodes, node_rank=request.node_rank,
-              endpoint=request.rdzv_endpoint)
+    try:
+        run_ranks(RANK_MODULE, argv, per_node, PROG, nodes=request.nnodes, node_rank=request.node_rank,
+                  endpoint=request.rdzv_endpoint)
+    except BaseException:  # the ranks are stopped (a failure, Ctrl-C): a save they were writing is rolled back
+        if request.save is not None and request.nnodes == 1:  # on one machine every writer is known dead
+            from partitioning.train.save import tidy
+
+            tidy(request.save)
+        raise
     return 0
 
 

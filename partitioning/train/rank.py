@@ -48,7 +48,7 @@ def train(request: Request, device: torch.device) -> StageModel:
     start = 0
     if state is not None:
         assert request.resume is not None
-        restore(request.resume, stage.rank, optimizer, scheduler, names, stage.replica)
+        restore(request.resume, stage.rank, optimizer, scheduler, names, stage.parameters(), stage.replica)
         start = state["step"]
     tokens = size * sum(stage.micro_batch.lengths.values())
     last = stage.run.last  # this rank holds the last stage: it gets the losses

@@ -34,7 +34,7 @@ from common.atomic import commit_staged, is_temporary, recover, stage
 from common.errors import UserError
 from common.files import read_json_object
 from common.versions import Release
-from partitioning.train.checkpoint import BIN, CONFIG, SAFETENSORS, SAFETENSORS_INDEX, Checkpoint
+from partitioning.train.checkpoint import BIN, CONFIG, SAFETENSORS, SAFETENSORS_INDEX, Checkpoint, write_safetensors
 from partitioning.train.model import source_key
 from partitioning.train.stage import StageModel
 
@@ -74,6 +74,12 @@ def check_save_dir(directory: Path) -> None:
             and not _ours(directory)):
         raise UserError(f"--save {directory} is a directory train-model did not write (no {STATE}): "
                         f"give a new or empty directory")
+
+
+def tidy(directory: Path) -> None:
+    """After the ranks stopped mid-save: roll back its commit if it began, remove the files its ranks staged."""
+    for folder in (directory, directory / "train_state"):
+        recover(folder)
 
 
 def _ours(directory: Path) -> bool:
@@ -147,8 +153,6 @@ def _unheld(model: StageModel, written: set[str], source: Checkpoint) -> dict[st
 def save(model: StageModel, directory: Path, training: dict[str, Any], run_state: dict[str, Any],
          source: Checkpoint) -> None:
     """Write the checkpoint: every rank its own shard and state, rank 0 the rest and the commit (a collective)."""
-    from safetensors.torch import save_file
-
     directory = Path(os.path.abspath(directory))
     if dist.get_rank() == 0:
         if directory.is_dir():
@@ -168,7 +172,7 @@ def save(model: StageModel, directory: Path, training: dict[str, Any], run_state
         if model.rank == 0:
             written.update(_unheld(model, {key for part in everyone for key in part}, source))
         shard = directory / shard_name(model.rank, model.stages, "safetensors")
-        staged[shard] = stage(shard, lambda path: save_file(written, str(path), metadata={"format": "pt"}))
+        staged[shard] = stage(shard, lambda path: write_safetensors(path, written, {"format": "pt"}))
         if "sharded-bin" in weight_files(model.version):
             target = directory / shard_name(model.rank, model.stages, "bin")
             staged[target] = stage(target, lambda path: torch.save(written, path))
@@ -245,14 +249,14 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def restore(directory: Path, rank: int, optimizer: torch.optim.Optimizer, scheduler: Any, names: list[str],
-            replica: int = 0) -> None:
+            parameters: list[torch.nn.Parameter], replica: int = 0) -> None:
+    """Continue from ``directory``: ``parameters`` (the stage's, named ``names``) and the optimizer's state."""
     path = directory / stage_file(rank)
     state = _load(path)
     if state.get("names") != names:
         raise UserError(f"{path} holds the state of other parameters: resume with the plan it was saved with")
     optimizer.load_state_dict(state["optimizer"])
     masters = state.get("masters") or {}
-    parameters = [p for group in optimizer.param_groups for p in group["params"]]
     with torch.no_grad():  # the weights as trained, where the checkpoint holds them rounded (bf16, fp16)
         for name, parameter in zip(names, parameters):
             if name in masters:

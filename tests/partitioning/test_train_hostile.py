@@ -6,6 +6,7 @@ files with wrong fields, types, lengths, or none; --save over a file or a direct
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -19,8 +20,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from support import REPO
-from test_train_model import save_checkpoint, write_data, write_plan
+from test_train_model import save_checkpoint, stock_class, write_data, write_plan
 
+from common.atomic import is_temporary
 from partitioning.train.cli import main
 from partitioning.train.data import read_dataset
 from partitioning.train.stage import plan_model
@@ -210,3 +212,64 @@ def test_a_rank_killed_mid_run_is_one_line_and_the_last_save_resumes(setup: dict
     assert saved >= 1
     assert main([*base, "--resume", str(out), "--steps", str(saved + 1)]) == 0
     assert json.loads((out / "train_state.json").read_text())["step"] == saved + 1
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(directory)): path.read_bytes() for path in sorted(directory.rglob("*"))
+            if path.is_file() and not is_temporary(path.name)}
+
+
+def _staged(directory: Path) -> bool:
+    return any(is_temporary(path.name) and path.name.endswith(".tmp") for path in directory.rglob("*"))
+
+
+def _catch_a_save(out: Path, lock: int, deadline: float) -> dict[str, bytes]:
+    """Take the save directory's commit lock (what another writer committing there holds, common.write_guard)
+    once a save has staged files: the save then waits before its commit, with every committed file the previous
+    checkpoint's, until the lock is let go.  Taken between two saves instead, the next save waits at its start
+    (nothing staged): let go and try again."""
+    while time.monotonic() < deadline:
+        while not _staged(out) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a commit under way finishes first
+        if _staged(out):  # staged, not committed: no commit can start while the lock is held
+            return _files(out)
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        time.sleep(0.05)  # the next save starts, then waits at the lock
+    raise AssertionError("no save was caught in time")
+
+
+def test_ctrl_c_during_a_save_is_one_line_and_the_previous_save_stays_whole(setup: dict[str, Path]) -> None:
+    """Ctrl-C (SIGINT to train-model's process group) while the ranks write a save, a previous save committed:
+    exit 2, one line, the previous checkpoint byte for byte, no staged file left, and it loads and resumes."""
+    out = setup["root"] / "interrupted"
+    base = ["--plan", str(setup["plan"]), "--data", str(setup["data"]), "--save", str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen([sys.executable, "-m", "partitioning.train", *base, "--checkpoint",
+                              str(setup["checkpoint"]), "--steps", "100000", "--save-every", "1"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and child.poll() is None and not (out / "train_state.json").is_file():
+            time.sleep(0.1)
+        assert (out / "train_state.json").is_file(), child.communicate()
+        lock = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            before = _catch_a_save(out, lock, deadline)
+            os.killpg(child.pid, signal.SIGINT)
+            while _rank_pids(setup["plan"]) and time.monotonic() < deadline:  # held until the ranks are gone
+                time.sleep(0.05)
+        finally:
+            os.close(lock)
+        _, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:  # the test failed before its Ctrl-C: stop the run (it stops its ranks)
+            os.killpg(child.pid, signal.SIGTERM)
+            child.communicate(timeout=120)
+    assert child.returncode == 2 and err == "train-model: interrupted\n", err
+    assert _files(out) == before and not any(is_temporary(path.name) for path in out.rglob("*"))
+    _, info = stock_class("t5").from_pretrained(out, output_loading_info=True)
+    assert info["missing_keys"] == [] and info["unexpected_keys"] == [], info
+    saved = json.loads(before["train_state.json"])["step"]
+    assert main([*base, "--resume", str(out), "--steps", str(saved + 1)]) == 0

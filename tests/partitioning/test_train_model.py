@@ -1,9 +1,9 @@
 """train-model equals one process: N steps from a saved stock checkpoint, AdamW, warm-up, clipping, a data file.
 
 For every family with a training class (transformers 4.5.1, tiny configs without dropout), a stock model
-is saved with save_pretrained, planned into 2 stages (T5 also 3), and trained with GPipe and 1F1B on CPU
-gloo ranks (several runs per torchrun launch, see support/train_worker.py).  The saved directory must load
-with stock from_pretrained (no missing or unexpected keys) and hold weights torch.equal to the same steps
+is saved with save_pretrained, planned into 2 stages and trained with GPipe and 1F1B, and into 3 stages with
+one of them (every family in one 3-rank launch, both schedules among them), on CPU gloo ranks (several runs
+per torchrun launch, see support/train_worker.py).  The saved directory must load with stock from_pretrained (no missing or unexpected keys) and hold weights torch.equal to the same steps
 in one process: the stock model, torch.optim.AdamW, transformers' own warm-up schedule, clip_grad_norm_.
 A resumed run (1..n, save, resume to 2n) must equal 2n steps in one go, and each rank must read only its
 own stage's tensors from the checkpoint, every other stage staying on ``meta``.
@@ -40,6 +40,10 @@ CASES: dict[str, tuple[str, list[tuple[str, str]]]] = {
     "roberta": ("1layer-tied", [("1f1b", "roberta.encoder.layer.0"), ("gpipe", "lm_head")]),
     "bart": ("2layer-scaled-3dec", [("gpipe", "decoder.embed"), ("1f1b", "model.decoder.layers.1")]),
 }
+# family -> (schedule, first blocks of stages 1 and 2) of the 3-stage run: GPipe and 1F1B in turn
+THREE_STAGES = {"t5": ("gpipe", "encoder.block.1,lm_head"), "gpt2": ("1f1b", "transformer.h.1,lm_head"),
+                "bert": ("gpipe", "bert.encoder.layer.0,cls"), "roberta": ("1f1b", "roberta.encoder.layer.0,lm_head"),
+                "bart": ("gpipe", "model.encoder.layers.1,model.decoder.layers.2")}
 TIED_BOUND = 1e-5  # --tied-sum allreduce, 3 AdamW steps at lr 0.01 (measured: 35 tensors differ, at most 6.0e-8)
 
 
@@ -52,8 +56,9 @@ def save_checkpoint(family: str, directory: Path) -> Any:
     return train_runs.save_checkpoint(FAMILIES[family], CASES[family][0], directory)
 
 
-def write_plan(family: str, cfg: Any, split: str, schedule: str, path: Path, tied_sum: str = "ordered") -> None:
-    train_runs.write_plan(FAMILIES[family], cfg, split, schedule, path, tied_sum)
+def write_plan(family: str, cfg: Any, split: str, schedule: str, path: Path, tied_sum: str = "ordered",
+               micro_batches: int = MICRO_BATCHES) -> None:
+    train_runs.write_plan(FAMILIES[family], cfg, split, schedule, path, tied_sum, micro_batches)
 
 
 def reference(family: str, checkpoint: Path, plan: Path, data: Path, steps: int,
@@ -151,13 +156,24 @@ def test_train_model_equals_one_process_training(tmp_path: Path, family: str) ->
 
 
 def test_three_stages(tmp_path: Path) -> None:
-    checkpoint = tmp_path / "checkpoint"
-    cfg = save_checkpoint("t5", checkpoint)
-    plan, data = tmp_path / "plan.json", tmp_path / "data.jsonl"
-    write_plan("t5", cfg, "encoder.block.1,lm_head", "gpipe", plan)
-    write_data(data, plan)
-    records = launch(3, {"three": ["--plan", str(plan), "--checkpoint", str(checkpoint), "--data", str(data),
-                                   "--steps", str(STEPS), "--save", str(tmp_path / "out"), *OPTIONS]},
-                     tmp_path / "records")
-    assert_stage_only(records["three"])
-    assert_saved_equals("t5", tmp_path / "out", reference("t5", checkpoint, plan, data, STEPS))
+    """Every family at 3 stages in one 3-rank launch, GPipe and 1F1B in turn; each split puts the tied embedding on
+    rank 0 and the head on rank 2 (T5 and BART: the decoder's embedding on rank 1), the weight read by each."""
+    cases, expected = {}, {}
+    for family, (schedule, split) in THREE_STAGES.items():
+        root = tmp_path / family
+        cfg = save_checkpoint(family, root / "checkpoint")
+        micro_batches = 3 if schedule == "1f1b" else MICRO_BATCHES  # 1F1B needs as many as there are stages
+        plan, data = root / "plan.json", root / "data.jsonl"
+        write_plan(family, cfg, split, schedule, plan, micro_batches=micro_batches)
+        write_data(data, plan)
+        cases[family] = ["--plan", str(plan), "--checkpoint", str(root / "checkpoint"), "--data", str(data),
+                         "--steps", str(STEPS), "--save", str(root / "out"), *OPTIONS]
+        expected[family] = (plan, data, micro_batches)
+    records = launch(3, cases, tmp_path / "records")
+    for family, (plan, data, micro_batches) in expected.items():
+        ranks = sorted(records[family], key=lambda record: record["rank"])
+        assert_stage_only(ranks)
+        assert set(ranks[0]["own"]) & set(ranks[2]["own"]), family  # the tied weight: on the first and last rank
+        root = tmp_path / family
+        assert_saved_equals(family, root / "out", reference(family, root / "checkpoint", plan, data, STEPS,
+                                                            micro_batches))

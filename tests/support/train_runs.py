@@ -91,7 +91,8 @@ def save_checkpoint(family: TrainFamily, config_name: str, directory: Path) -> A
     return cfg
 
 
-def write_plan(family: TrainFamily, cfg: Any, split: str, schedule: str, path: Path, tied_sum: str = "ordered") -> None:
+def write_plan(family: TrainFamily, cfg: Any, split: str, schedule: str, path: Path, tied_sum: str = "ordered",
+               micro_batches: int = MICRO_BATCHES) -> None:
     """A plan of the default class whose stages 1..K-1 start at the comma-separated blocks of ``split``; the run's
     tied sum ``tied_sum`` (train-model runs the plan's)."""
     models = family.model_family
@@ -101,7 +102,7 @@ def write_plan(family: TrainFamily, cfg: Any, split: str, schedule: str, path: P
     names = [block.name for block in chain.blocks]
     starts = [0] + [names.index(name) for name in split.split(",")]
     plan = build_plan(chain.blocks, [(a, b - 1) for a, b in zip(starts, starts[1:] + [len(names)])],
-                      Settings(micro_batches=MICRO_BATCHES, schedule=schedule, tied_sum=tied_sum), {},
+                      Settings(micro_batches=micro_batches, schedule=schedule, tied_sum=tied_sum), {},
                       values=chain.values)
     plan.model = models.describe(class_name, cfg, micro_batch, "test", 1)
     path.write_text(plan.to_json())

@@ -1,0 +1,50 @@
+"""train-model's AdamW steps a large parameter in pieces (partitioning.train.optim.PiecewiseAdamW): bit for bit
+torch.optim.AdamW, its state dict round trip included.
+
+The acceptance tests' tiny models have no parameter as large as a piece, so the pieces are tested here: at
+the runtime's own piece size (a 2.1-piece parameter) and at sizes that do not divide the parameter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from support.threads import threads
+
+from partitioning.train.optim import PIECE, PiecewiseAdamW
+
+OPTIONS: dict[str, Any] = {"lr": 0.01, "weight_decay": 0.01, "betas": (0.9, 0.99), "eps": 1e-8}
+
+
+def run(optimizer_of, values: list[torch.Tensor], gradients: list[list[torch.Tensor]], resume_at: int | None = None
+        ) -> list[torch.Tensor]:
+    parameters = [torch.nn.Parameter(value.clone()) for value in values]
+    optimizer = optimizer_of(parameters)
+    for step, grads in enumerate(gradients):
+        if step == resume_at:  # a new optimizer from the saved state dict, as --resume makes it
+            state = optimizer.state_dict()
+            optimizer = optimizer_of(parameters)
+            optimizer.load_state_dict(state)
+        for parameter, grad in zip(parameters, grads):
+            parameter.grad = grad.clone()
+        optimizer.step()
+        optimizer.zero_grad()
+        assert all(parameter.grad is None for parameter in parameters)
+    return [parameter.detach() for parameter in parameters]
+
+
+@pytest.mark.parametrize("numel,piece", [(2 * PIECE + PIECE // 10 + 3, PIECE), (10007, 1000), (10007, 333)])
+def test_pieces_are_bit_equal_to_adamw(numel: int, piece: int) -> None:
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(numel,), (7, 3), (piece + 1,)]
+    values = [torch.randn(shape, generator=generator) for shape in shapes]
+    gradients = [[torch.randn(shape, generator=generator) for shape in shapes] for _ in range(3)]
+    with threads():
+        expected = run(lambda ps: torch.optim.AdamW(ps, **OPTIONS), values, gradients)
+        pieces = lambda ps: PiecewiseAdamW(ps, piece=piece, **OPTIONS)  # noqa: E731
+        assert len(pieces([torch.nn.Parameter(v) for v in values]).param_groups[0]["params"]) > len(shapes)
+        for resume_at in (None, 2):
+            got = run(pieces, values, gradients, resume_at)
+            assert all(torch.equal(a, b) for a, b in zip(got, expected)), resume_at
