@@ -255,6 +255,11 @@ def restore(directory: Path, rank: int, optimizer: torch.optim.Optimizer, schedu
     state = _load(path)
     if state.get("names") != names:
         raise UserError(f"{path} holds the state of other parameters: resume with the plan it was saved with")
+    saved, stepped = (sum(len(group["params"]) for group in each["param_groups"])
+                      for each in (state["optimizer"], optimizer.state_dict()))
+    if saved != stepped:  # saved before train-model stepped a large parameter in pieces (PiecewiseAdamW)
+        raise UserError(f"{path} holds AdamW state for {saved} tensors where this train-model steps {stepped}: it "
+                        f"was saved by an older train-model; start from its weights with --checkpoint {directory}")
     optimizer.load_state_dict(state["optimizer"])
     masters = state.get("masters") or {}
     with torch.no_grad():  # the weights as trained, where the checkpoint holds them rounded (bf16, fp16)

@@ -48,3 +48,23 @@ def test_pieces_are_bit_equal_to_adamw(numel: int, piece: int) -> None:
         for resume_at in (None, 2):
             got = run(pieces, values, gradients, resume_at)
             assert all(torch.equal(a, b) for a, b in zip(got, expected)), resume_at
+
+
+def test_a_state_saved_per_parameter_is_refused_in_one_line(tmp_path) -> None:
+    """A resume state of the optimizer before pieces (one state per parameter) names the cause and the way on."""
+    from common.errors import UserError
+    from partitioning.train.save import restore, stage_file
+
+    parameter = torch.nn.Parameter(torch.zeros(10))
+    parameter.grad = torch.ones(10)
+    old = torch.optim.AdamW([parameter], **OPTIONS)
+    old.step()
+    scheduler = torch.optim.lr_scheduler.LambdaLR(old, lambda step: 1.0)
+    path = tmp_path / stage_file(0)
+    path.parent.mkdir()
+    torch.save({"names": ["w"], "optimizer": old.state_dict(), "scheduler": scheduler.state_dict(),
+                "rng": {"cpu": torch.get_rng_state()}}, path)
+    new = PiecewiseAdamW([parameter], piece=4, **OPTIONS)
+    with pytest.raises(UserError, match=r"AdamW state for 1 tensors where this train-model steps 3: .*--checkpoint"):
+        restore(tmp_path, 0, new, scheduler, ["w"], [parameter])
+    restore(tmp_path, 0, torch.optim.AdamW([parameter], **OPTIONS), scheduler, ["w"], [parameter])  # same layout
