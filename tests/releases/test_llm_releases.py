@@ -2,7 +2,8 @@
 
 One worker process per release checks every family committed for it (tests/support/llm_release_worker.py:
 eval, train loss and every gradient, stateless, fx, train-mode graph, export strict and non-strict: one export
-mode per release but the newest, alternating, release_process.suite_checks), with
+mode per release but the newest, alternating, release_process.suite_checks, a non-strict export taking one class
+and path per family there, rotating, every one at the newest: release_process.picks), with
 PYTHONPATH set to that release's side-by-side install. A package committed without its stock install fails
 here; nothing is skipped.
 """
@@ -15,7 +16,7 @@ import pytest
 from conftest import load_script
 from support import REPO
 from support.llm_release_worker import CHECKS, FAMILIES, run_in_subprocess
-from support.release_process import suite_checks
+from support.release_process import picks, suite_checks
 
 installer = load_script("install_releases")
 GENERATED = REPO / "generated_models"
@@ -55,7 +56,8 @@ def test_generated_llms_equal_stock(release: str, tmp_path: Path) -> None:
         f"no stock install of transformers {release}: run bash scripts/setup.sh")
     families, checks = COMMITTED[release], suite_checks(CHECKS, release, list(COMMITTED))
     code, record, stderr = run_in_subprocess(release, installer.install_dir(release), families, tmp_path / "r.json",
-                                             checks=",".join(checks))
+                                             checks=",".join(checks),
+                                             pick=picks(release, list(COMMITTED)).get("export-non-strict"))
     assert record is not None, f"transformers {release}: the worker wrote no result (exit {code}): {stderr[-3000:]}"
     problems = failures(record)
     assert not problems and code == 0, f"transformers {release}: " + "\n".join(problems[:20])

@@ -62,16 +62,21 @@ def test_the_committed_releases_are_found() -> None:
         assert version_dir(release) == package, f"generated_models/t5/{package} holds transformers {release}"
 
 
-@pytest.mark.parametrize("release", sorted(r for r in COMMITTED.values() if r))
+IN_VENV = "4.5.1"  # checked in this process by tests/models/ (test_t5_equivalence, test_t5_tracing, ...)
+OTHER_RELEASES = sorted(r for r in COMMITTED.values() if r and r != IN_VENV)
+
+
+@pytest.mark.parametrize("release", OTHER_RELEASES)
 def test_generated_release_equals_stock(release: str, tmp_path: Path) -> None:
     """Eval, train loss and every gradient, stateless, fx, export (one mode per release but the newest, alternating:
-    release_process.suite_checks), partition, FTPipe's tracer: see the worker."""
+    release_process.suite_checks), partition, FTPipe's tracer: see the worker. 4.5.1, the release .venv imports,
+    is checked in this process by tests/models/ (as the seed families' is)."""
     listed = {r.version: r for r in installer.read_releases()}
     assert release in listed, (f"generated_models/t5/{version_dir(release)} is committed but transformers {release} is "
                                "not a verified release of a recipe, so CI never installs it")
     assert installer.is_installed(listed[release]), (
         f"no stock install of transformers {release} in {installer.install_dir(release)}: run bash scripts/setup.sh")
-    checks = suite_checks(CHECKS, release, [r for r in COMMITTED.values() if r])
+    checks = suite_checks(CHECKS, release, OTHER_RELEASES)
     returncode, record, stderr = run_worker(release, GENERATED / version_dir(release) / "modeling_t5.py",
                                             tmp_path / "result.json", ",".join(checks))
     assert record is not None, f"transformers {release}: the worker wrote no result (exit {returncode}): {stderr[-3000:]}"

@@ -4,7 +4,7 @@ Run with ``PYTHONPATH=.venv/transformers/<release>`` (tests/releases/test_llm_re
 family committed for the release is checked here, so a release costs one interpreter and one import.
 
     python tests/support/llm_release_worker.py --release 5.23.0 --install-dir .venv/transformers/5.23.0 \\
-        --families llama,qwen2 --json out.json [--checks eval,fx] [--generated llama=PATH]
+        --families llama,qwen2 --json out.json [--checks eval,fx] [--generated llama=PATH] [--pick K]
 
 Checks (named cases per family; a failing case does not stop the others), stock with eager attention,
 tiny configs (GQA, tied with rope scaling, untied without; a sliding window shorter than the sequence
@@ -162,8 +162,12 @@ def check_train_graph(family: Family) -> Iterator[Case]:
         yield class_name, run
 
 
-def export_cases(family: Family, strict: bool) -> Iterator[Case]:
-    for class_name, labels in ([(family.lm, True)] if strict else list(paths(family))):
+def export_cases(family: Family, strict: bool, pick: int | None = None) -> Iterator[Case]:
+    """strict: the LM with labels; non-strict: every class and path, or with ``pick`` the one at that position
+    (modulo the count; the suite rotates it along the releases, release_process.picks)."""
+    every = list(paths(family))
+    chosen = [(family.lm, True)] if strict else every if pick is None else [every[pick % len(every)]]
+    for class_name, labels in chosen:
         def run(class_name=class_name, labels=labels) -> None:
             module = family.build(class_name).eval()
             kwargs = inputs("padded", labels)
@@ -185,12 +189,14 @@ RUNNERS: dict[str, Callable[[Family], Iterator[Case]]] = {
 }
 
 
-def run_checks(family: Family, names: list[str]) -> dict[str, dict]:
+def run_checks(family: Family, names: list[str], pick: int | None = None) -> dict[str, dict]:
+    """Every check of ``names``; ``pick``: the non-strict export's path (see :func:`export_cases`)."""
     results = {}
     for name in names:
         started, failures, passed = time.monotonic(), {}, 0
         try:
-            for case, thunk in RUNNERS[name](family):
+            cases = export_cases(family, False, pick) if name == "export-non-strict" else RUNNERS[name](family)
+            for case, thunk in cases:
                 try:
                     thunk()
                     passed += 1
@@ -204,7 +210,8 @@ def run_checks(family: Family, names: list[str]) -> dict[str, dict]:
 
 
 def run_in_subprocess(release: str, install_dir: Path, families: list[str], out: Path, checks: str | None = None,
-                      generated: dict[str, Path] | None = None, timeout: float = 1800) -> tuple[int, dict | None, str]:
+                      generated: dict[str, Path] | None = None, pick: int | None = None,
+                      timeout: float = 1800) -> tuple[int, dict | None, str]:
     """This worker for one release in a fresh interpreter: (exit code, results or None, stderr)."""
     import subprocess
 
@@ -214,6 +221,8 @@ def run_in_subprocess(release: str, install_dir: Path, families: list[str], out:
         command += ["--checks", checks]
     for family, path in (generated or {}).items():
         command += ["--generated", f"{family}={path}"]
+    if pick is not None:
+        command += ["--pick", str(pick)]
     proc = subprocess.run(command, env=environment(install_dir), capture_output=True, text=True, timeout=timeout)
     record = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else None
     return proc.returncode, record, proc.stderr
@@ -227,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checks", default=",".join(CHECKS))
     parser.add_argument("--generated", action="append", default=[], help="FAMILY=PATH: check this file instead")
     parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--pick", type=int, help="export-non-strict: only each family's K-th class and path")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     problem = wrong_release(args.release, args.install_dir)
@@ -245,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             failed = {"ok": False, "passed": 0, "seconds": 0.0, "failures": {"(import)": describe(exc)}}
             record["families"][name] = {check: failed for check in names}
             continue
-        record["families"][name] = run_checks(family, names)
+        record["families"][name] = run_checks(family, names, args.pick)
     record["seconds"] = round(time.monotonic() - started, 2)
     args.json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     ok = all(result["ok"] for checks in record["families"].values() for result in checks.values())
