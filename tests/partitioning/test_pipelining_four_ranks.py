@@ -8,7 +8,10 @@ weights after 3 Adam steps and every tied replica are ``torch.equal`` to single-
 under LoopedBFS: its backwards run from the last micro-batch down, so every weight gradient is summed over
 micro-batches in reverse order, equal up to that order (``allclose``, rtol 1e-5, atol 1e-6; with m = 2,
 as in the 2-rank test, the two-term sums are exact).
-4 ranks on this project's 2-core CI machine are oversubscribed: one launch, several cases.
+GPT-2 (tied wte / lm_head, 3 layers cut inside them: ``sublayers``, 9 blocks) runs the same schedules in a second
+launch, 8 chunks: looped, the embedding's chunk on rank 0 and the head's on rank 3; a V, both on rank 0. Untied
+(2 layers), 1F1B.
+4 ranks on this project's 2-core CI machine are oversubscribed: one launch per family, several cases.
 """
 
 from __future__ import annotations
@@ -43,3 +46,23 @@ FOUR_RANKS: dict[str, tuple[dict | None, dict]] = {
 
 def test_every_schedule_on_four_ranks_equals_single_process_training(tmp_path: Path) -> None:
     assert_equal_to_reference(launch(4, list(FOUR_RANKS), tmp_path, "t5"), FOUR_RANKS)
+
+
+# chunks: embed | h.0 attention | h.0 MLP | h.1 attention | h.1 MLP | h.2 attention | h.2 MLP + final | lm_head
+GPT2_SPLIT = ("transformer.h.0.ln_1,transformer.h.0.ln_2,transformer.h.1.ln_1,transformer.h.1.ln_2,transformer.h.2.ln_1,"
+              "transformer.h.2.ln_2,lm_head")
+GPT2_TIED = {"shared_embed_weight": [0, 7]}
+GPT2_FOUR_RANKS: dict[str, tuple[dict | None, dict]] = {
+    "3layer-tied-relu-inner:gpipe:4:transformer.h.0.ln_2,transformer.h.1.ln_2,transformer.h.2.ln_2:sublayers": (
+        {"shared_embed_weight": [0, 3]}, {}),
+    "2layer-untied:1f1b:4:transformer.h.0.ln_2,transformer.h.1.ln_1,final:sublayers": ({}, {}),
+    f"3layer-tied-relu-inner:interleaved1f1b:4:{GPT2_SPLIT}:sublayers": (GPT2_TIED, {}),
+    f"3layer-tied-relu-inner:loopedbfs:4:{GPT2_SPLIT}:sublayers:reordered": (GPT2_TIED, {}),
+    f"3layer-tied-relu-inner:interleavedzerobubble:4:{GPT2_SPLIT}:sublayers": (GPT2_TIED, {}),
+    f"3layer-tied-relu-inner:zbvzerobubble:4:{GPT2_SPLIT}:sublayers": (GPT2_TIED, {}),
+    f"3layer-tied-relu-inner:dualpipev:8:{GPT2_SPLIT}:sublayers": (GPT2_TIED, {}),
+}
+
+
+def test_every_schedule_on_four_ranks_trains_gpt2_as_one_process(tmp_path: Path) -> None:
+    assert_equal_to_reference(launch(4, list(GPT2_FOUR_RANKS), tmp_path, "gpt2"), GPT2_FOUR_RANKS)

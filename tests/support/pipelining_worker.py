@@ -71,7 +71,7 @@ def run_case(family: Family, case: str, out: Path) -> None:
     reference = copy.deepcopy(model)
 
     micro_batch = MicroBatch(PER_MICRO_BATCH, family.train_lengths)
-    chain = family_chain(models, class_name, cfg, micro_batch)
+    chain = family_chain(models, class_name, cfg, micro_batch, sublayers="sublayers" in options)  # blocks in layers
     # send: every crossing value is sent, as before recomputation existed
     settings = Settings(micro_batches=micro_batches, schedule=schedule, recompute="send" not in options)
     world, virtual = dist.get_world_size(), settings.virtual_stages or 1
