@@ -56,7 +56,7 @@ class PiecewiseAdamW(torch.optim.AdamW):
 
     AdamW is elementwise: a view gets the same arithmetic as the whole, bit for bit, while the temporaries
     torch's single-tensor AdamW makes per tensor (``exp_avg_sq.sqrt()``, its division: two of the tensor's
-    size) are a piece's, not a 206 MB tied embedding's (measured on 4-stage gpt2-medium in
+    size) are a piece's, not a 206 MB tied embedding's (measured on the 4-stage run in
     docs/benchmarks.md).  The state dict holds one state per piece, in order.
     """
 
