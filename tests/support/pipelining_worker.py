@@ -25,16 +25,9 @@ from partitioning.gpu.pipelining import PipelineRun  # noqa: E402
 from partitioning.solve.partition import Settings, build_plan, partition  # noqa: E402
 from partitioning.solve.schedules import placement  # noqa: E402
 from support.model_checks import Family  # noqa: E402
+from support.train_runs import without_dropout  # noqa: E402
 
 STEPS, PER_MICRO_BATCH = 3, 2
-
-
-def without_dropout(cfg: object) -> object:
-    """The config with every dropout probability 0: the reference and the ranks draw no random numbers."""
-    for key, value in cfg.to_dict().items():  # type: ignore[attr-defined]
-        if isinstance(value, float) and ("dropout" in key or key.endswith("pdrop")):
-            setattr(cfg, key, 0.0)
-    return cfg
 
 
 @functools.cache
