@@ -26,6 +26,7 @@ import pytest
 from conftest import load_script
 from support import REPO, SUPPORT, TORCHRUN
 from support.llm_release_worker import FAMILIES
+from support.release_process import rotation
 
 from common.versions import Release
 
@@ -85,9 +86,9 @@ def cases(release: str, families: list[str], ranks: int, releases: list[str]) ->
     """Every cut at the newest release; at the others, one cut per family and rank count, rotating by family and
     release: each family still runs 2 and 3 ranks, tied and untied (cut k of both rank counts is one tied and one
     untied), with GPipe at one release and 1F1B at the next, and every launch holds both cuts (two families or more)."""
-    if release == max(releases, key=Release.parse):
+    shift = rotation(release, releases)
+    if shift is None:
         return [f"{family}@{release}/{cut}" for family in families for cut in CUTS[ranks]]
-    shift = releases.index(release)
     return [f"{family}@{release}/{CUTS[ranks][(index + shift) % 2]}" for index, family in enumerate(families)]
 
 

@@ -29,16 +29,23 @@ def wrong_release(release: str, install_dir: Path) -> str | None:
 EXPORT_MODES = ("export-strict", "export-non-strict")
 
 
+def rotation(release: str, releases: list[str]) -> int | None:
+    """``release``'s position among ``releases`` in version order, or None for the newest: what the suite rotates
+    by (the newest runs everything)."""
+    from common.versions import Release
+
+    ordered = sorted(releases, key=Release.parse)
+    position = ordered.index(release)
+    return None if position == len(ordered) - 1 else position
+
+
 def suite_checks(checks: tuple[str, ...], release: str, releases: list[str]) -> tuple[str, ...]:
     """The checks the suite runs at ``release``, one of a worker's ``releases``: every check at the newest; at the
     others one export mode, strict and non-strict alternating along the releases. Exporting is three quarters of a
     worker's time, so every release is still exported each CI run, and both modes are run at every release by
     scripts/release_table.py (the published table)."""
-    from common.versions import Release
-
-    ordered = sorted(releases, key=Release.parse)
-    position = ordered.index(release)
-    if position == len(ordered) - 1:
+    position = rotation(release, releases)
+    if position is None:
         return checks
     return tuple(check for check in checks if check != EXPORT_MODES[1 - position % 2])
 
@@ -48,8 +55,5 @@ def picks(release: str, releases: list[str]) -> dict[str, int]:
     ``release`` in the suite: all (no pick) at the newest; at the others the config at the release's position, and
     the next class at each release that exports non-strict (every other one: suite_checks), so that both rotate
     along the releases."""
-    from common.versions import Release
-
-    ordered = sorted(releases, key=Release.parse)
-    position = ordered.index(release)
-    return {} if position == len(ordered) - 1 else {"stateless": position, "export-non-strict": position // 2}
+    position = rotation(release, releases)
+    return {} if position is None else {"stateless": position, "export-non-strict": position // 2}
