@@ -124,7 +124,10 @@ class StageModel:
         dist.all_gather_object(everyone, mine, group=self.group)  # replicas hold the same (averaged) gradients
         found = {name: norm for part in everyone if part for name, norm in part.items()}
         order = [self.meta.stock_name(name) for name in self.meta.order]
-        total = torch.linalg.vector_norm(torch.stack([found[name] for name in order if name in found]), 2.0)
+        # Stacked where the gradients are, as stock stacks on their device: a norm over the same values on CPU
+        # and on CUDA can differ in its last bit.
+        stacked = torch.stack([found[name].to(self.device) for name in order if name in found])
+        total = torch.linalg.vector_norm(stacked, 2.0)
         coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         with torch.no_grad():
             for p in self.module.parameters():

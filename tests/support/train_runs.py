@@ -30,6 +30,7 @@ from support.threads import threads
 
 PER_MICRO_BATCH, MICRO_BATCHES, STEPS = 2, 2, 3
 LR = 0.01
+CPU = torch.device("cpu")
 OPTIONS = ["--lr", str(LR), "--weight-decay", "0.01", "--warmup-steps", "2", "--decay", "cosine", "--clip-grad",
            "0.01"]  # small enough to clip every step
 # The families of every other release (train_release_worker.py): family -> (its smallest tiny config, the first
@@ -153,12 +154,13 @@ def launch(ranks: int, cases: dict[str, list[str]], out: Path) -> dict[str, list
 
 
 def reference(family: TrainFamily, checkpoint: Path, plan: Path, data: Path, steps: int,
-              micro_batches: int = MICRO_BATCHES, bf16: bool = False, lr: float = LR) -> torch.nn.Module:
+              micro_batches: int = MICRO_BATCHES, bf16: bool = False, lr: float = LR,
+              device: torch.device = CPU) -> torch.nn.Module:
     """``steps`` steps in one process: stock model, AdamW, transformers' cosine warm-up, clip_grad_norm_.
 
     A step is ``micro_batches`` micro-batches (all replicas' of a data-parallel run), their gradients averaged.
-    ``bf16``: each forward under CPU bf16 autocast, the backward outside it (fp32 weights and AdamW).
-    ``lr``: the ranks' (OPTIONS); another one shows a comparison can fail.
+    ``bf16``: each forward under bf16 autocast, the backward outside it (fp32 weights and AdamW).
+    ``lr``: the ranks' (OPTIONS); another one shows a comparison can fail.  ``device``: where it runs.
     """
     from partitioning.files import read_plan
 
@@ -166,13 +168,13 @@ def reference(family: TrainFamily, checkpoint: Path, plan: Path, data: Path, ste
     size = PER_MICRO_BATCH * micro_batches
     dataset = read_dataset(data, specs, cfg, micro_batch, size)
     with threads():
-        model = load_stock(family, checkpoint).train()
+        model = load_stock(family, checkpoint).to(device).train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
         scheduler = transformers.get_cosine_schedule_with_warmup(optimizer, 2, steps)
         for step in range(steps):
-            batch = dataset.batch(step, size, 0)
+            batch = {name: tensor.to(device) for name, tensor in dataset.batch(step, size, 0).items()}
             for chunk in range(micro_batches):
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                     loss = model(**{k: v.tensor_split(micro_batches)[chunk] for k, v in batch.items()}).loss
                 loss.backward()
             for p in model.parameters():
@@ -189,7 +191,7 @@ def saved_differences(family: TrainFamily, saved: Path, expected: torch.nn.Modul
     """Stock key -> the largest absolute difference, for every tensor of ``saved`` not torch.equal to ``expected``."""
     model, info = load_stock(family, saved, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info  # lists, or sets from 5.0 on
-    got, want = model.state_dict(), expected.state_dict()
+    got, want = model.state_dict(), {key: tensor.cpu() for key, tensor in expected.state_dict().items()}
     assert sorted(got) == sorted(want)
     return {key: float((got[key].double() - want[key].double()).abs().max()) for key in want
             if not torch.equal(got[key], want[key])}
