@@ -73,6 +73,7 @@ from partitioning.gpu.schedule_stages import (
     weight_groups_share_nodes,
     weight_only_senders,
 )
+from partitioning.gpu.shared_modules import copy_stateless_leaves
 from partitioning.gpu.stage_graphs import contiguous_boundaries, relay_along_chain, retarget_devices, sort_stage_inputs
 from partitioning.gpu.tied import TiedCopy, holders, ordered_sum
 from partitioning.plan import Plan
@@ -87,6 +88,7 @@ class CarryInputs(nn.Module):
 
     def __init__(self, model: nn.Module, input_names: Sequence[str]) -> None:
         super().__init__()
+        copy_stateless_leaves(model)  # the engine's trace needs one path per module (shared_modules.py)
         self.model = model
         self.input_names = tuple(input_names)
 
@@ -205,8 +207,7 @@ class PipelineRun:
             elif splits:
                 weight_groups_share_nodes(stage)
         cls = engine.get_schedule_class(schedule)
-        self.schedule = cls(self.stage if schedule in SINGLE else self.chunk_stages, micro_batches,
-                            loss_fn=model_loss)
+        self.schedule = cls(self.stage if schedule in SINGLE else self.chunk_stages, micro_batches, loss_fn=model_loss)
         # The engine splits a target per micro-batch for loss_fn; the loss needs none (the labels are inputs).
         self._placeholder = torch.zeros(micro_batches, device=device)
         self.tied = self._tie(holding)

@@ -9,7 +9,7 @@ RNG state.  Rank 0 writes ``config.json``, ``model.safetensors.index.json`` and
 ``train_state.json``.  What transformers releases load decides the extras
 (:func:`weight_files`): before 4.18 one ``pytorch_model.bin`` holding every
 key (gathered on rank 0: the whole model in its memory once), 4.18 to 4.24
-per-stage ``pytorch_model-0000k-of-0000K.bin`` shards and their index.
+per-stage ``pytorch_model-0000k-of-0000K.bin`` shards and their index, a tied weight under each of its keys.
 
 Every file is staged beside its target by the rank writing it
 (:func:`common.atomic.stage`); after a barrier rank 0 renames them all into
@@ -174,8 +174,8 @@ def save(model: StageModel, directory: Path, training: dict[str, Any], run_state
         shard = directory / shard_name(model.rank, model.stages, "safetensors")
         staged[shard] = stage(shard, lambda path: write_safetensors(path, written, {"format": "pt"}))
         if "sharded-bin" in weight_files(model.version):
-            target = directory / shard_name(model.rank, model.stages, "bin")
-            staged[target] = stage(target, lambda path: torch.save(written, path))
+            target, binned = directory / shard_name(model.rank, model.stages, "bin"), _every_key(model, written)
+            staged[target] = stage(target, lambda path: torch.save(binned, path))
         target = directory / stage_file(model.rank)
     else:
         training = {"rng": training["rng"]}
@@ -183,7 +183,8 @@ def save(model: StageModel, directory: Path, training: dict[str, Any], run_state
     staged[target] = stage(target, lambda path: torch.save(training, path))
     sizes = {key: tensor.numel() * tensor.element_size() for key, tensor in written.items()}
     parts: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
-    dist.gather_object((staged, sizes, model.rank), parts if dist.get_rank() == 0 else None, dst=0)
+    dist.gather_object((staged, sizes, model.rank, sorted(_every_key(model, written))),
+                       parts if dist.get_rank() == 0 else None, dst=0)
     if writer and BIN in weight_files(model.version):
         _gather_bin(model, written, directory, staged)
     if dist.get_rank() == 0:
@@ -198,23 +199,34 @@ def _gather_bin(model: StageModel, written: dict[str, torch.Tensor], directory: 
     dist.gather_object(written, tensors if model.rank == 0 else None, dst=0, group=model.group)
     if model.rank != 0:
         return
-    found = {key: tensor for part in tensors for key, tensor in part.items()}
+    by_key = _every_key(model, {key: tensor for part in tensors for key, tensor in part.items()})
+    state = {key: by_key[key] for key in model.meta.state_keys}
+    staged[directory / BIN] = stage(directory / BIN, lambda path: torch.save(state, path))
+
+
+def _every_key(model: StageModel, found: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``found`` under every stock key of each of its tensors, tied ones sharing storage: the ``.bin`` releases
+    (before 4.25) expect every key of the state dict, where the safetensors shards hold a tied weight once
+    (measured: 4.20.1 loads BERT's and BART's without them as missing ``cls.predictions.decoder.weight``,
+    ``model.encoder.embed_tokens.weight``)."""
+    state = set(model.meta.state_keys)
     by_key = {}
     for keys in model.meta.keys.values():
         tensor = next((found[key] for key in keys if key in found), None)
-        for key in keys if tensor is not None else ():
-            by_key[key] = tensor
-    state = {key: by_key[key] for key in model.meta.state_keys}
-    staged[directory / BIN] = stage(directory / BIN, lambda path: torch.save(state, path))
+        if tensor is not None:
+            by_key.update({key: tensor for key in keys if key in state})
+    return by_key
 
 
 def _commit(model: StageModel, directory: Path, parts: list[Any], staged: dict[Path, Path],
             run_state: dict[str, Any]) -> None:
     weight_map: dict[str, str] = {}
     total = 0
-    for their_staged, sizes, rank in parts:
+    bins: dict[str, str] = {}
+    for their_staged, sizes, rank, every_key in parts:
         staged.update(their_staged)
         weight_map.update({key: shard_name(rank, model.stages, "safetensors") for key in sizes})
+        bins.update({key: shard_name(rank, model.stages, "bin") for key in every_key})
         total += sum(sizes.values())
     config = model.config
     config.architectures = [model.class_name]
@@ -223,9 +235,8 @@ def _commit(model: StageModel, directory: Path, parts: list[Any], staged: dict[P
              STATE: json.dumps({"generator": GENERATOR, "data_parallel": model.replicas, **run_state},
                                indent=1).encode()}
     if "sharded-bin" in weight_files(model.version):
-        bins = {key: name.replace("model-", "pytorch_model-").replace(".safetensors", ".bin")
-                for key, name in weight_map.items()}
-        files[BIN_INDEX] = json.dumps({"metadata": {"total_size": total}, "weight_map": bins}, indent=2).encode()
+        files[BIN_INDEX] = json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(bins.items()))},
+                                      indent=2).encode()
     for name, data in files.items():
         staged[directory / name] = stage(directory / name, data)
     stale = [path for folder in (directory, directory / "train_state") for path in folder.iterdir()

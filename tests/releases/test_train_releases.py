@@ -1,4 +1,4 @@
-"""train-model equals one process at the releases other than 4.5.1, for every family committed at each.
+"""train-model equals one process at every release other than 4.5.1, for every family committed at each.
 
 One torchrun launch per release (tests/support/train_release_worker.py, PYTHONPATH that release's side-by-side
 install, one thread on both sides): for every family with a package committed at the release, a stock
@@ -9,6 +9,9 @@ next release; each saved directory loaded with that release's stock from_pretrai
 keys) and torch.equal, tensor by tensor, to the same steps in one process (stock model, torch.optim.AdamW).
 4.5.1 is tests/partitioning/test_train_model.py's.  Shown to fail: the worker's ``--reference-lr 0.0101`` (the
 ranks train at 0.01) makes every family's tensors differ (17 to 52 per family, up to 7.5e-4) and exits 1.
+Running every release found what 4.57.6 and 5.23.0 alone did not: at 4.20.1 one activation module object sits in
+every layer, which broke the engine's split (partitioning/gpu/shared_modules.py), and the ``.bin`` shards of
+4.18 to 4.24 lacked the tied weights' other keys, which those releases' from_pretrained reports missing.
 """
 
 from __future__ import annotations
@@ -23,8 +26,11 @@ from support import REPO, SUPPORT, TORCHRUN
 from support.release_process import environment
 
 installer = load_script("install_releases")
-RELEASES = ("4.57.6", "5.23.0")  # the newest 4.x and 5.x
 EVERY_FAMILY = {"t5", "gpt2", "bert", "roberta", "bart", "llama", "qwen2", "qwen3", "mistral", "gemma3"}
+FULL = ("4.57.6", "5.23.0")  # the newest 4.x and 5.x: every family is committed there
+# every release with a committed package, in version order (4.5.1 is the in-process tests')
+RELEASES = sorted({path.name[1:].replace("_", ".") for path in (REPO / "generated_models").glob("*/v*_*")} - {"4.5.1"},
+                  key=lambda release: tuple(int(part) for part in release.split(".")))
 
 
 def committed(release: str) -> list[str]:
@@ -49,14 +55,21 @@ def run_worker(release: str, out: Path) -> tuple[int, dict | None, str]:
     return proc.returncode, result, (proc.stdout + proc.stderr)[-4000:]
 
 
+def test_every_release_and_family_is_run() -> None:
+    assert set(FULL) <= set(RELEASES) and len(RELEASES) >= 11, RELEASES
+    assert set().union(*(committed(release) for release in RELEASES)) == EVERY_FAMILY
+    for release in FULL:
+        assert set(committed(release)) == EVERY_FAMILY, (release, committed(release))
+
+
 @pytest.mark.parametrize("release", RELEASES)
 def test_train_model_equals_one_process_at_every_release(release: str, tmp_path: Path) -> None:
-    assert set(committed(release)) == EVERY_FAMILY, committed(release)
+    families = committed(release)
     code, result, output = run_worker(release, tmp_path)
     assert result is not None, f"transformers {release}: the worker wrote no result (exit {code}): {output}"
-    assert sorted(result) == sorted(EVERY_FAMILY)
+    assert sorted(result) == families
     different = {name: sorted(r["different"].items(), key=lambda item: -item[1])[:3]
                  for name, r in result.items() if r["different"]}
     assert different == {} and code == 0, f"transformers {release}: {different}"
     schedules = [r["schedule"] for r in result.values()]
-    assert schedules.count("gpipe") == 5 and schedules.count("1f1b") == 5, schedules
+    assert abs(schedules.count("gpipe") - schedules.count("1f1b")) <= 1, schedules  # alternating
