@@ -16,7 +16,11 @@
     python scripts/bench_train.py --part rss --rss-shape gpt2-large
     python scripts/bench_train.py --batch 8 --seq-len 512 --steps 20 --rss-seq-len 512  # GPU: one a rank, NCCL
 
-(NCCL when there are as many GPUs as ranks.)  The GPU command has not been run by this project.
+(NCCL when there are as many GPUs as ranks.)  That command has not been run by this project: no task had two
+GPUs.  On one GPU (NCCL refuses two ranks on one device) it ran as one stage, results in docs/benchmarks.md:
+
+    python scripts/bench_train.py --stages 1 --rss-stages 1 --batch 8 --seq-len 512 --micro-batches 4 --steps 6 \
+        --rss-seq-len 512 --rss-steps 3 --rss-tied-sums ordered
 """
 
 from __future__ import annotations
