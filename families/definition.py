@@ -62,6 +62,7 @@ class ClassInfo:
     base: str = ""
     inputs: tuple[InputSpec, ...] = ()  # the inputs it takes in another form than the family's (by name)
     causal_lm: bool = False  # labels = input ids (next-token prediction): raw text can train it
+    omit: tuple[str, ...] = ()  # family inputs it is not given (its forward makes them)
 
     @property
     def trains(self) -> bool:
@@ -141,8 +142,7 @@ class SharedWeight:
     def tied(self, config: Mapping[str, Any]) -> bool:
         if self.tied_linear is None:
             return False
-        # HF's PretrainedConfig ties by default (tie_word_embeddings=True).
-        return self.tied_config is None or bool(config.get(self.tied_config, True))
+        return self.tied_config is None or bool(config.get(self.tied_config, True))  # HF's configs tie by default
 
 
 @dataclass(frozen=True)
@@ -194,9 +194,9 @@ class FamilyDefinition:
         return tuple(resolved)
 
     def class_inputs(self, class_name: str) -> tuple[InputSpec, ...]:
-        """The family's inputs, each replaced by the class's own of that name, then the class's others."""
-        own = {spec.name: spec for spec in self.classes[class_name].inputs}
-        return tuple(own.pop(spec.name, spec) for spec in self.inputs) + tuple(own.values())
+        """The family's inputs but those it omits, each replaced by the class's own of that name, then its others."""
+        own, omit = {spec.name: spec for spec in self.classes[class_name].inputs}, self.classes[class_name].omit
+        return tuple(own.pop(spec.name, spec) for spec in self.inputs if spec.name not in omit) + tuple(own.values())
 
     def layer_lists(self, class_name: str) -> tuple[str, ...]:
         """The module lists whose items count as layers (optimum-graphcore's ``layers_per_ipu``, uniform splits)."""
@@ -257,7 +257,7 @@ def _classes(document: DefinitionDocument) -> dict[str, ClassInfo]:
                                                  f"classes", sep=" ")
     return {name: ClassInfo(name, described[name].output, described[name].base,
                             tuple(_input(key, entry) for key, entry in described[name].inputs.items()),
-                            described[name].causal_lm)
+                            described[name].causal_lm, described[name].omit)
             for name in document.classes}
 
 

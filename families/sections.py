@@ -3,7 +3,7 @@
 Each dataclass is read by :mod:`common.schema`: a misspelled, missing or mistyped key, at
 any depth, is an :class:`OptionError` naming its dotted path.  Checks inside one table are
 in its ``__post_init__``; checks across sections (an input's lengths, the default class
-and shape) are :func:`families.definition.parse_definition`'s.
+and shape) are :func:`families.definition.parse_definition`'s, or the document's (what a class omits).
 """
 
 from __future__ import annotations
@@ -86,6 +86,8 @@ class ClassEntry:
     base: _BasePath = ""
     # Inputs of this class that differ from [pipeline.inputs] (a classifier's labels), by name.
     inputs: dict[ArgumentName, InputEntry] = field(default_factory=dict)
+    # Inputs of [pipeline.inputs] this class is not given (its forward makes them, as stock's does when absent).
+    omit: tuple[ArgumentName, ...] = ()
     # A causal LM: it learns next-token prediction from labels = its input ids (train-model --text packs raw text).
     causal_lm: bool = False
 
@@ -233,3 +235,9 @@ class DefinitionDocument:
     model: ModelSection
     pipeline: PipelineSection
     shapes: ShapesSection
+
+    def __post_init__(self) -> None:
+        for name, entry in self.model.classes.items():  # what a class omits is one of the family's inputs
+            for key in (key for key in entry.omit if key not in self.pipeline.inputs):
+                raise OptionError(f"model.classes.{name}.omit", f"names {key!r}, not one of [pipeline.inputs]",
+                                  sep=" ")

@@ -9,6 +9,9 @@ filled with zeros (token type ids) to zeros.  Shorter sequences are padded to
 the plan's length: ids with the config's ``pad_token_id`` (0 when it has
 none), masks with 0, labels (an input named ``*labels``/``*label``, Hugging
 Face's convention) with -100, which the loss ignores.  A longer one is an error.
+An input whose spec names its ``last`` value (BART's ``</s>``, where its
+sequence classifier reads the decoder) must end with it, as often in every
+example (the model requires it of every row).
 
 Step ``s`` takes examples ``s*B .. (s+1)*B - 1`` of the endless sequence of
 epochs, epoch ``e`` being a permutation drawn from ``seed + e``: the order is
@@ -74,6 +77,8 @@ def read_dataset(path: Path, specs: Sequence[InputSpec], config: Any, micro_batc
     pad = config.pad_token_id if isinstance(getattr(config, "pad_token_id", None), int) else 0
     columns: dict[str, list[torch.Tensor]] = {spec.name: [] for spec in specs}
     count = 0
+    marked = [(spec.name, last) for spec in specs if (last := _bound(spec.last, config)) is not None]
+    first: tuple[int, tuple[int, ...]] | None = None  # the first example's line, how often it holds each marked value
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -86,11 +91,20 @@ def read_dataset(path: Path, specs: Sequence[InputSpec], config: Any, micro_batc
         for name, value in _example(example, specs, config, micro_batch, pad, f"{path} line {number}").items():
             columns[name].append(value)
         count += 1
+        held = tuple((example.get(name) or []).count(last) for name, last in marked)
+        first = first or (number, held)
+        if held != first[1]:  # the model reads each row's last one, requiring as many in every row
+            raise UserError(f"{path} line {number}: holds {_times(marked, held)}, line {first[0]} "
+                            f"{_times(marked, first[1])}: every example must hold them as often")
     if count == 0:
         raise UserError(f"{path} holds no examples (one JSON object per line)")
     if count < batch_size:
         raise UserError(f"{path} holds {count} examples, fewer than one step's batch of {batch_size}")
     return Dataset({name: torch.stack(values) for name, values in columns.items()}, count)
+
+
+def _times(marked: list[tuple[str, int]], counts: tuple[int, ...]) -> str:
+    return ", ".join(f"{name} {last} {times} times" for (name, last), times in zip(marked, counts))
 
 
 def _example(example: dict[str, Any], specs: Sequence[InputSpec], config: Any, micro_batch: MicroBatch,
@@ -127,6 +141,10 @@ def _example(example: dict[str, Any], specs: Sequence[InputSpec], config: Any, m
             field, length = lengths[dims[0]]
             raise UserError(f"{where}: {spec.name} has {len(value)} tokens, {field} {length}: they must match")
         lengths.setdefault(dims[0], (spec.name, len(value)))
+        last = _bound(spec.last, config)
+        if last is not None and value[-1] != last:
+            raise UserError(f"{where}: {spec.name} ends with {value[-1]}; this class reads each sequence's last "
+                            f"{last} ({spec.last}), which ends it")
         values[spec.name] = value
     padded = {}
     for spec in specs:

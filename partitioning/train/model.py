@@ -136,8 +136,9 @@ def check_checkpoint(meta: MetaModel, checkpoint: Checkpoint, family: ModelFamil
 
 
 def source_key(meta: MetaModel, name: str, checkpoint: Checkpoint) -> str | None:
-    """The checkpoint key a stateless tensor loads from (the first of its stock names present), else None."""
-    return next((key for key in meta.keys[name] if key in checkpoint.shapes), None)
+    """The checkpoint key a stateless tensor loads from (the first of its stock names present), else None (also for
+    a constant torch.export lifted out of the forward into a stage, ``torch.tensor(-100)``: no state of the model)."""
+    return next((key for key in meta.keys.get(name, ()) if key in checkpoint.shapes), None)
 
 
 def materialize(module: nn.Module, meta: MetaModel, checkpoint: Checkpoint, device: torch.device, where: str,

@@ -118,7 +118,8 @@ def _held(model: StageModel, source: Checkpoint) -> dict[str, torch.Tensor]:
     for name, tensor in [*model.module.named_parameters(), *model.module.named_buffers()]:
         if name in model.names and name not in model.owned:
             continue  # a tied copy: its first holder writes it
-        keys = [key for key in model.meta.keys[model.stateless(name)] if key in position]
+        # none for a constant the export lifted into the stage (torch.tensor(...) in a forward): not model state
+        keys = [key for key in model.meta.keys.get(model.stateless(name), ()) if key in position]
         if keys:
             held.setdefault(min(keys, key=position.__getitem__), tensor.detach().to(_file_dtype(model, name, source,
                                                                                                 tensor)))

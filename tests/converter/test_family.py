@@ -91,6 +91,8 @@ def test_t5_definition_loads_with_its_shared_weights_read_off_the_shared_weight_
     ('modules = ["encoder.final_layer_norm"]', 'modules = ["encoder..final"]', "must be a module path"),
     ("[model.classes.T5EncoderModel]\noutput = \"last_hidden_state\"\n", "",
      "model.classes.T5EncoderModel is missing"),
+    ("[model.classes.T5EncoderModel]\n", "[model.classes.T5EncoderModel]\nomit = [\"decoder_ids\"]\n",
+     "model.classes.T5EncoderModel.omit names 'decoder_ids', not one of [pipeline.inputs]"),
     ('default_class = "T5ForConditionalGeneration"', 'default_class = "T5ForEverything"',
      "model.default_class 'T5ForEverything' is not one of the recipe's classes"),
     ("source = 512", "seq = 512", "pipeline.lengths: 'seq' is reserved"),
@@ -126,7 +128,7 @@ def test_partition_model_reports_a_misspelled_family_key_in_one_line(monkeypatch
     assert main(["t5", "--version", "4.5.1", "--stages", "2", "--output", str(tmp_path / "plan.json")]) == 2
     err = capsys.readouterr().err
     assert err == ("partition-model: error: recipe t5.toml: unknown key 'model.classes.T5Model.outputs' "
-                   "(known there: base, causal_lm, inputs, output)\n")
+                   "(known there: base, causal_lm, inputs, omit, output)\n")
 
 
 def test_input_specs_round_trip_through_a_plan_and_are_checked_there() -> None:

@@ -3,7 +3,10 @@
 For every family with a training class (transformers 4.5.1, tiny configs without dropout), a stock model
 is saved with save_pretrained, planned into 2 stages and trained with GPipe and 1F1B, and into 3 stages with
 one of them (every family in one 3-rank launch, both schedules among them), on CPU gloo ranks (several runs
-per torchrun launch, see support/train_worker.py).  The saved directory must load with stock from_pretrained (no missing or unexpected keys) and hold weights torch.equal to the same steps
+per torchrun launch, see support/train_worker.py).  Every other class that trains (the heads: sequence and
+token classification, BERT's masked LM) runs in its family's 2-rank launch with one schedule and in the 3-rank
+launch with the other.  The saved directory must load with stock from_pretrained of that class (no missing or
+unexpected keys) and hold weights torch.equal to the same steps
 in one process: the stock model, torch.optim.AdamW, transformers' own warm-up schedule, clip_grad_norm_.
 A resumed run (1..n, save, resume to 2n) must equal 2n steps in one go, and each rank must read only its
 own stage's tensors from the checkpoint, every other stage staying on ``meta``.
@@ -17,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 from support import train_runs
+from support.heads import class_family
 from support.model_families import FAMILIES
 from support.train_runs import (
     MICRO_BATCHES,
@@ -44,6 +48,26 @@ CASES: dict[str, tuple[str, list[tuple[str, str]]]] = {
 THREE_STAGES = {"t5": ("gpipe", "encoder.block.1,lm_head"), "gpt2": ("1f1b", "transformer.h.1,lm_head"),
                 "bert": ("gpipe", "bert.encoder.layer.0,cls"), "roberta": ("1f1b", "roberta.encoder.layer.0,lm_head"),
                 "bart": ("gpipe", "model.encoder.layers.1,model.decoder.layers.2")}
+# Every other class that trains at 4.5.1 (the recipes' output = "loss"): class -> (family, config, schedule of
+# its 2-stage run, first block of stage 1, first blocks of stages 1 and 2 of its 3-stage run, under the other
+# schedule).  The heads take support/heads.py's configs, labels and pad id (GPT-2's head reads the last token
+# before its pad id, which the data file's padding holds).
+HEAD_CASES: dict[str, tuple[str, str, str, str, str]] = {
+    "GPT2ForSequenceClassification": ("gpt2", "2layer-untied", "gpipe", "transformer.h.1",
+                                      "transformer.h.0,transformer.h.1"),
+    "BertForMaskedLM": ("bert", "1layer-tied", "1f1b", "cls", "bert.encoder.layer.0,cls"),
+    "BertForSequenceClassification": ("bert", "2layer-untied-relu", "gpipe", "bert.encoder.layer.1",
+                                      "bert.encoder.layer.1,pooler"),
+    "BertForTokenClassification": ("bert", "2layer-untied-relu", "1f1b", "bert.encoder.layer.0",
+                                   "bert.encoder.layer.0,bert.encoder.layer.1"),
+    "RobertaForSequenceClassification": ("roberta", "2layer-untied-relu", "gpipe", "roberta.encoder.layer.1",
+                                         "roberta.encoder.layer.0,roberta.encoder.layer.1"),
+    "RobertaForTokenClassification": ("roberta", "2layer-untied-relu", "1f1b", "roberta.encoder.layer.0",
+                                      "roberta.encoder.layer.0,roberta.encoder.layer.1"),
+    "BartForSequenceClassification": ("bart", "1layer-tied", "gpipe", "decoder.embed",
+                                      "model.encoder.layers.0,model.decoder.layers.0"),
+}
+OTHER = {"gpipe": "1f1b", "1f1b": "gpipe"}
 TIED_BOUND = 1e-5  # --tied-sum allreduce, 3 AdamW steps at lr 0.01 (measured: 35 tensors differ, at most 6.0e-8)
 
 
@@ -75,6 +99,29 @@ def assert_saved_equals(family: str, saved: Path, expected: torch.nn.Module) -> 
     assert different == {}, sorted(different.items(), key=lambda item: -item[1])[:5]
 
 
+def head_case(class_name: str, root: Path, stages: int) -> tuple[list[str], tuple[Any, Path, Path, int]]:
+    """A run of ``class_name`` (:data:`HEAD_CASES`) on ``stages`` stages under ``root``: its train-model command line,
+    and what the one-process reference takes (its family, checkpoint, plan, micro-batches)."""
+    family_name, config, schedule, split, three = HEAD_CASES[class_name]
+    family = class_family(FAMILIES[family_name], class_name)
+    schedule, split = (schedule, split) if stages == 2 else (OTHER[schedule], three)
+    micro_batches = 3 if schedule == "1f1b" and stages == 3 else MICRO_BATCHES  # 1F1B: as many as stages
+    cfg = train_runs.save_checkpoint(family, config, root / "checkpoint")
+    plan, data = root / "plan.json", root / "data.jsonl"
+    train_runs.write_plan(family, cfg, split, schedule, plan, micro_batches=micro_batches)
+    write_data(data, plan)
+    return (["--plan", str(plan), "--checkpoint", str(root / "checkpoint"), "--data", str(data), "--steps", str(STEPS),
+             "--save", str(root / "out"), *OPTIONS], (family, plan, data, micro_batches))
+
+
+def assert_head_equal(root: Path, expected: tuple[Any, Path, Path, int]) -> None:
+    """The head's saved run (stock from_pretrained of its class) equals the same steps in one process."""
+    family, plan, data, micro_batches = expected
+    want = train_runs.reference(family, root / "checkpoint", plan, data, STEPS, micro_batches)
+    different = train_runs.saved_differences(family, root / "out", want)
+    assert different == {}, sorted(different.items(), key=lambda item: -item[1])[:5]
+
+
 def assert_loss_close(family: str, bf16: Path, fp32: Path, plan: Path, data: Path) -> None:
     """The bf16 run's weights give a loss (fp32, on the first batch) within 1 % of the fp32 run's."""
     from partitioning.files import read_plan
@@ -93,6 +140,14 @@ def assert_bf16_files(saved: Path) -> None:
         with safe_open(str(shard), framework="pt") as handle:
             dtypes = {handle.get_slice(key).get_dtype() for key in handle.keys()}
             assert {dtype for dtype in dtypes if "F" in dtype} == {"BF16"}, (shard, dtypes)  # masks stay U8
+
+
+def test_every_class_that_trains_runs() -> None:
+    """The default classes (CASES) and HEAD_CASES are every class whose output is its loss, of every family."""
+    for family in CASES:
+        definition = FAMILIES[family].model_family.definition
+        trains = {name for name, info in definition.classes.items() if info.trains}
+        assert trains == {definition.default_class, *(name for name, case in HEAD_CASES.items() if case[0] == family)}
 
 
 @pytest.mark.parametrize("family", list(CASES))
@@ -131,7 +186,13 @@ def test_train_model_equals_one_process_training(tmp_path: Path, family: str) ->
         cases["resumed"] = [*common, "--resume", str(tmp_path / "half"), "--steps", "4", "--save",
                             str(tmp_path / "resumed")]
         cases["whole"] = [*common, "--checkpoint", str(checkpoint), "--steps", "4", "--save", str(tmp_path / "whole")]
+    heads = {}  # the family's other training classes, one schedule each (the 3-stage run takes the other)
+    for class_name in (name for name, case in HEAD_CASES.items() if case[0] == family):
+        cases[class_name], heads[class_name] = head_case(class_name, tmp_path / class_name, 2)
     records = launch(2, cases, tmp_path / "records")
+    for class_name, head in heads.items():
+        assert_stage_only(records[class_name])
+        assert_head_equal(tmp_path / class_name, head)
     for schedule, (plan, data) in expected.items():
         assert_stage_only(records[schedule])
         assert_saved_equals(family, tmp_path / f"{schedule}.out", reference(family, checkpoint, plan, data, STEPS))
@@ -157,7 +218,8 @@ def test_train_model_equals_one_process_training(tmp_path: Path, family: str) ->
 
 def test_three_stages(tmp_path: Path) -> None:
     """Every family at 3 stages in one 3-rank launch, GPipe and 1F1B in turn; each split puts the tied embedding on
-    rank 0 and the head on rank 2 (T5 and BART: the decoder's embedding on rank 1), the weight read by each."""
+    rank 0 and the head on rank 2 (T5 and BART: the decoder's embedding on rank 1), the weight read by each.
+    Every other training class in the same launch (:data:`HEAD_CASES`)."""
     cases, expected = {}, {}
     for family, (schedule, split) in THREE_STAGES.items():
         root = tmp_path / family
@@ -169,7 +231,13 @@ def test_three_stages(tmp_path: Path) -> None:
         cases[family] = ["--plan", str(plan), "--checkpoint", str(root / "checkpoint"), "--data", str(data),
                          "--steps", str(STEPS), "--save", str(root / "out"), *OPTIONS]
         expected[family] = (plan, data, micro_batches)
+    heads = {}
+    for class_name in HEAD_CASES:  # every other training class, under the schedule its 2-stage run did not take
+        cases[class_name], heads[class_name] = head_case(class_name, tmp_path / class_name, 3)
     records = launch(3, cases, tmp_path / "records")
+    for class_name, head in heads.items():
+        assert_stage_only(records[class_name])
+        assert_head_equal(tmp_path / class_name, head)
     for family, (plan, data, micro_batches) in expected.items():
         ranks = sorted(records[family], key=lambda record: record["rank"])
         assert_stage_only(ranks)

@@ -110,6 +110,16 @@ def head_family(name: str, base: Family) -> HeadFamily:
                          "head": head.class_name})
 
 
+def class_family(base: Family, class_name: str) -> HeadFamily:
+    """``base`` training ``class_name``: a head of :data:`HEADS` (its labels, pad id, batches), else another class
+    of the base's own inputs (BERT's masked LM), on the base's configs."""
+    name = next((name for name, head in HEADS.items() if head.class_name == class_name), None)
+    if name is not None:
+        return head_family(name, base)
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+    return HeadFamily(**{**fields, "head": class_name})
+
+
 def head_family_at(name: str, release: str) -> HeadFamily:
     """The head ``name`` at ``release`` (the release this process imports)."""
     if name not in HEADS:

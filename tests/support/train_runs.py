@@ -111,7 +111,8 @@ def write_plan(family: TrainFamily, cfg: Any, split: str, schedule: str, path: P
 
 
 def write_data(path: Path, plan: Path, count: int = 7, seed: int = 0) -> None:
-    """Examples of random lengths (padded by the reader), some labels ignored, masks left to the reader."""
+    """Examples of random lengths (padded by the reader), some token labels ignored, masks left to the reader; an
+    input whose spec names its ``last`` value (BART's </s>, which its classification head reads) ends with it."""
     from partitioning.files import read_plan
 
     _, _, cfg, specs, micro_batch = plan_model(read_plan(plan))
@@ -127,8 +128,10 @@ def write_data(path: Path, plan: Path, count: int = 7, seed: int = 0) -> None:
                 high = spec.high if isinstance(spec.high, int) else getattr(cfg, str(spec.high))
                 dims = [d for d in spec.shape if d != "batch"]
                 values = [rng.randrange(low, high) for _ in range(lengths[str(dims[0])] if dims else 1)]
-                if spec.name.endswith("labels"):
-                    values = [-100 if rng.random() < 0.2 else v for v in values]
+                if spec.name.endswith("labels") and dims:  # one label per sequence: none ignored (a micro-batch
+                    values = [-100 if rng.random() < 0.2 else v for v in values]  # of ignored ones has no loss)
+                if spec.last is not None:
+                    values[-1] = spec.last if isinstance(spec.last, int) else getattr(cfg, spec.last)
                 example[spec.name] = values if dims else values[0]
             out.write(json.dumps(example) + "\n")
 
