@@ -23,8 +23,10 @@ from support import train_runs
 from support.heads import class_family
 from support.model_families import FAMILIES
 from support.train_runs import (
+    HEAD_CASES,
     MICRO_BATCHES,
     OPTIONS,
+    OTHER,
     PER_MICRO_BATCH,
     STEPS,
     assert_stage_only,
@@ -48,26 +50,6 @@ CASES: dict[str, tuple[str, list[tuple[str, str]]]] = {
 THREE_STAGES = {"t5": ("gpipe", "encoder.block.1,lm_head"), "gpt2": ("1f1b", "transformer.h.1,lm_head"),
                 "bert": ("gpipe", "bert.encoder.layer.0,cls"), "roberta": ("1f1b", "roberta.encoder.layer.0,lm_head"),
                 "bart": ("gpipe", "model.encoder.layers.1,model.decoder.layers.2")}
-# Every other class that trains at 4.5.1 (the recipes' output = "loss"): class -> (family, config, schedule of
-# its 2-stage run, first block of stage 1, first blocks of stages 1 and 2 of its 3-stage run, under the other
-# schedule).  The heads take support/heads.py's configs, labels and pad id (GPT-2's head reads the last token
-# before its pad id, which the data file's padding holds).
-HEAD_CASES: dict[str, tuple[str, str, str, str, str]] = {
-    "GPT2ForSequenceClassification": ("gpt2", "2layer-untied", "gpipe", "transformer.h.1",
-                                      "transformer.h.0,transformer.h.1"),
-    "BertForMaskedLM": ("bert", "1layer-tied", "1f1b", "cls", "bert.encoder.layer.0,cls"),
-    "BertForSequenceClassification": ("bert", "2layer-untied-relu", "gpipe", "bert.encoder.layer.1",
-                                      "bert.encoder.layer.1,pooler"),
-    "BertForTokenClassification": ("bert", "2layer-untied-relu", "1f1b", "bert.encoder.layer.0",
-                                   "bert.encoder.layer.0,bert.encoder.layer.1"),
-    "RobertaForSequenceClassification": ("roberta", "2layer-untied-relu", "gpipe", "roberta.encoder.layer.1",
-                                         "roberta.encoder.layer.0,roberta.encoder.layer.1"),
-    "RobertaForTokenClassification": ("roberta", "2layer-untied-relu", "1f1b", "roberta.encoder.layer.0",
-                                      "roberta.encoder.layer.0,roberta.encoder.layer.1"),
-    "BartForSequenceClassification": ("bart", "1layer-tied", "gpipe", "decoder.embed",
-                                      "model.encoder.layers.0,model.decoder.layers.0"),
-}
-OTHER = {"gpipe": "1f1b", "1f1b": "gpipe"}
 TIED_BOUND = 1e-5  # --tied-sum allreduce, 3 AdamW steps at lr 0.01 (measured: 35 tensors differ, at most 6.0e-8)
 
 

@@ -4,12 +4,13 @@ Run with ``PYTHONPATH=.venv/transformers/<release>`` (release_process.environmen
 tests/releases/test_train_releases.py):
 
     torchrun --standalone --nproc-per-node=2 tests/support/train_release_worker.py --release 5.23.0 \\
-        --install-dir .venv/transformers/5.23.0 --families t5,gpt2,llama --first gpipe --out DIR
+        --install-dir .venv/transformers/5.23.0 --families t5,gpt2,llama --heads BertForMaskedLM --first gpipe \\
+        --out DIR
 
 Rank 0 writes, per family (support/train_runs.py RELEASE_CASES: its tiny config without dropout, its default
-class), a stock checkpoint (save_pretrained), a 2-stage plan and a data file.  The schedules alternate along
-the families, starting with ``--first`` (the test alternates it along the releases), so that every release
-runs both.  Both ranks then run every family's train-model (3 AdamW steps, warm-up, clipping, weight decay;
+class) and per head class of ``--heads`` (HEAD_CASES: its family's config, its labels), a stock checkpoint
+(save_pretrained), a 2-stage plan and a data file.  The schedules alternate along the families, then the heads,
+starting with ``--first`` (the test alternates it along the releases), so that every release runs both.  Both ranks then run every family's train-model (3 AdamW steps, warm-up, clipping, weight decay;
 support/train_worker.py's case), and rank r compares every other family from the r-th: the saved directory
 loaded with stock from_pretrained against the same steps in one process.  The ranks import each family's
 modules to train it anyway, so preparing and comparing here costs no process of its own.
@@ -66,17 +67,32 @@ def family_at(name: str, release: str) -> Any:
     return LLM(name, release)
 
 
+def case_family(name: str, release: str) -> Any:
+    """A case's family at ``release``: a family by name, or a head class (support/train_runs.py HEAD_CASES) on its
+    family, whose default class it becomes."""
+    from support.heads import class_family
+    from support.train_runs import HEAD_CASES
+
+    if name in HEAD_CASES:
+        return class_family(family_at(HEAD_CASES[name][0], release), name)
+    return family_at(name, release)
+
+
 def prepare(release: str, names: list[str], first: str, out: Path) -> dict[str, list[str]]:
-    """Each family's checkpoint, plan and data under ``out/<family>``; its train-model command line."""
-    from support.train_runs import OPTIONS, RELEASE_CASES, STEPS, save_checkpoint, write_data, write_plan
+    """Each family's (or head class's) checkpoint, plan and data under ``out/<name>``; its train-model command
+    line.  A head takes its HEAD_CASES config and 2-stage split, the schedules alternating on from the families'."""
+    from support.train_runs import HEAD_CASES, OPTIONS, RELEASE_CASES, STEPS, save_checkpoint, write_data, write_plan
 
     cases = {}
     for position, name in enumerate(names):
-        family, root = family_at(name, release), out / name
-        config_name, splits = RELEASE_CASES[name]
+        family, root = case_family(name, release), out / name
         schedule = SCHEDULES[(SCHEDULES.index(first) + position) % 2]
+        if name in HEAD_CASES:
+            config_name, split = HEAD_CASES[name][1], HEAD_CASES[name][3]
+        else:
+            config_name, split = RELEASE_CASES[name][0], RELEASE_CASES[name][1][schedule]
         cfg = save_checkpoint(family, config_name, root / "checkpoint")
-        write_plan(family, cfg, splits[schedule], schedule, root / "plan.json")
+        write_plan(family, cfg, split, schedule, root / "plan.json")
         write_data(root / "data.jsonl", root / "plan.json")
         cases[name] = ["--plan", str(root / "plan.json"), "--checkpoint", str(root / "checkpoint"), "--data",
                        str(root / "data.jsonl"), "--steps", str(STEPS), "--save", str(root / "out"), *OPTIONS]
@@ -90,7 +106,7 @@ def compare(release: str, name: str, out: Path, records: list[dict], reference_l
     from partitioning.solve.partition import Settings
     from support.train_runs import STEPS, assert_stage_only, reference, saved_differences
 
-    family, root = family_at(name, release), out / name
+    family, root = case_family(name, release), out / name
     assert_stage_only(records)
     expected = reference(family, root / "checkpoint", root / "plan.json", root / "data.jsonl", STEPS, lr=reference_lr)
     schedule = Settings.from_plan(read_plan(root / "plan.json").settings).schedule
@@ -106,7 +122,8 @@ def run(args: argparse.Namespace) -> dict[str, dict]:
 
     rank = dist.get_rank()
     if rank == 0:
-        prepare(args.release, args.families.split(","), args.first, args.out)
+        prepare(args.release, args.families.split(",") + [h for h in args.heads.split(",") if h], args.first,
+                args.out)
     dist.barrier()
     cases = json.loads((args.out / "cases.json").read_text())
     for name, argv in cases.items():
@@ -125,6 +142,7 @@ def main() -> int:
     parser.add_argument("--release", required=True)
     parser.add_argument("--install-dir", required=True, type=Path)
     parser.add_argument("--families", required=True, help="comma-separated, every family committed at the release")
+    parser.add_argument("--heads", default="", help="comma-separated head classes (train_runs.HEAD_CASES) to run too")
     parser.add_argument("--first", choices=SCHEDULES, default=SCHEDULES[0], help="the first family's schedule")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--reference-lr", type=float, default=None,

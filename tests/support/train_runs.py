@@ -50,6 +50,36 @@ RELEASE_CASES: dict[str, tuple[str, dict[str, str]]] = {
     "gemma3": ("tied", {"gpipe": "model.layers.1", "1f1b": "lm_head"}),
 }
 
+# Every class that trains but the families' default ones (the recipes' output = "loss"; the same classes at
+# 4.5.1, 4.57.6 and 5.23.0): class -> (family, config, schedule of its 2-stage run, first block of stage 1, first
+# blocks of stages 1 and 2 of its 3-stage run, under the other schedule).  The heads take support/heads.py's
+# labels and pad id (GPT-2's head reads the last token before its pad id, which the data file's padding holds).
+# In the order the releases after 4.5.1 take them (release_heads): first those that read positions off the data
+# (the pad id, BART's </s>) or lift a constant into their stage (the token classifiers' ignored label).
+HEAD_CASES: dict[str, tuple[str, str, str, str, str]] = {
+    "GPT2ForSequenceClassification": ("gpt2", "2layer-untied", "gpipe", "transformer.h.1",
+                                      "transformer.h.0,transformer.h.1"),
+    "BertForTokenClassification": ("bert", "2layer-untied-relu", "1f1b", "bert.encoder.layer.0",
+                                   "bert.encoder.layer.0,bert.encoder.layer.1"),
+    "BartForSequenceClassification": ("bart", "1layer-tied", "gpipe", "decoder.embed",
+                                      "model.encoder.layers.0,model.decoder.layers.0"),
+    "BertForMaskedLM": ("bert", "1layer-tied", "1f1b", "cls", "bert.encoder.layer.0,cls"),
+    "RobertaForSequenceClassification": ("roberta", "2layer-untied-relu", "gpipe", "roberta.encoder.layer.1",
+                                         "roberta.encoder.layer.0,roberta.encoder.layer.1"),
+    "RobertaForTokenClassification": ("roberta", "2layer-untied-relu", "1f1b", "roberta.encoder.layer.0",
+                                      "roberta.encoder.layer.0,roberta.encoder.layer.1"),
+    "BertForSequenceClassification": ("bert", "2layer-untied-relu", "gpipe", "bert.encoder.layer.1",
+                                      "bert.encoder.layer.1,pooler"),
+}
+OTHER = {"gpipe": "1f1b", "1f1b": "gpipe"}
+RELEASE_HEADS = 1  # head classes per release after 4.5.1 in the suite (11 releases: each class once or twice)
+
+
+def release_heads(position: int) -> tuple[str, ...]:
+    """The head classes the release at ``position`` (0, 1, ... among the tested releases after 4.5.1) trains: the
+    next RELEASE_HEADS of HEAD_CASES, so that the releases take them in turn."""
+    order = list(HEAD_CASES)
+    return tuple(order[(position * RELEASE_HEADS + k) % len(order)] for k in range(RELEASE_HEADS))
 
 class TrainFamily(Protocol):
     """What these helpers read of a family at one release (support.model_checks.Family, llm_pipelining.LLM)."""
