@@ -58,10 +58,11 @@ def check_config_values(path: str, kwargs: Mapping[str, Any], sizes: Iterable[st
             continue  # no default to go by (None, lists, dicts): the config class decides
         if not ok:
             raise UserError(f"{where}: {key} must be {kind}, got {value!r:.40}")
-    for key in sizes:
-        value = kwargs.get(key)
-        if key in kwargs and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
-            raise UserError(f"{where}: {key} must be a positive integer, got {value!r:.40}")
+    for key in sizes:  # a token id every shape sets (GPT-2's pad id) may be 0, as BERT's pad id is
+        value, least = kwargs.get(key), 0 if key in TOKEN_IDS else 1
+        if key in kwargs and not (isinstance(value, int) and not isinstance(value, bool) and value >= least):
+            kind = "a non-negative integer (a token id)" if least == 0 else "a positive integer"
+            raise UserError(f"{where}: {key} must be {kind}, got {value!r:.40}")
 
 
 def make_config(path: str, kwargs: Mapping[str, Any]) -> Any:

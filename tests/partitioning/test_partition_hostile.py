@@ -94,6 +94,20 @@ def test_a_bad_model_config_is_one_line(work: Path, capsys, changes: dict, expec
     rejected(["t5", "--version", "4.5.1", "--stages", "2", "--config", name, *SMALL], work, capsys, expected)
 
 
+def test_a_token_id_every_shape_sets_may_be_0_not_negative(work: Path, capsys) -> None:
+    """GPT-2's shapes set its pad id (its sequence classifier needs one); a fine-tuner's config may make it 0."""
+    config = {"model_type": "gpt2", "n_embd": 16, "n_layer": 2, "n_head": 2, "vocab_size": 48, "n_positions": 32}
+    (work / "gpt2.json").write_text(json.dumps({**config, "pad_token_id": 0}))
+    assert cli.main(["gpt2", "--version", "4.5.1", "--class", "GPT2ForSequenceClassification", "--stages", "2",
+                     "--config", str(work / "gpt2.json"), "--batch", "2", "--sequence-len", "8", "--output",
+                     str(work / "gpt2-plan.json")]) == 0
+    assert json.loads((work / "gpt2-plan.json").read_text())["model"]["config"]["pad_token_id"] == 0
+    capsys.readouterr()
+    (work / "gpt2.json").write_text(json.dumps({**config, "pad_token_id": -1}))
+    rejected(["gpt2", "--version", "4.5.1", "--stages", "2", "--config", "gpt2.json"], work, capsys,
+             "pad_token_id must be a non-negative integer (a token id), got -1")
+
+
 def test_a_json_file_that_is_no_model_config_is_one_line(work: Path, capsys) -> None:
     # Before: a plan.json given as --config planned t5's default sizes (T5Config takes any keyword) and exit 0.
     (work / "plan.json").write_text(json.dumps({"model": {}, "blocks": [], "stages": []}))
