@@ -2,8 +2,7 @@
 
 The engine gives each stage that uses a parameter its own copy and never
 combines their gradients.  Each copy records, per micro-batch, the gradient
-each of its uses sends back (autograd no longer adds them into the copy's own
-``.grad``: the sum replaces it); the copies then add them up in one fixed
+each of its uses sends back; the copies then add them up in one fixed
 order: micro-batch by micro-batch, from the last use back to the first, the
 micro-batch sums added in micro-batch order.  That is the order in which
 single-process autograd accumulates a leaf used several times (the last
@@ -13,7 +12,8 @@ gradient bit for bit.
 Two ways run that order.  Where every chunk's backward of a micro-batch is
 one piece, in micro-batch order (:func:`partitioning.gpu.tied_stream.streams`),
 it runs during the schedule (:class:`partitioning.gpu.tied_stream.TiedStream`),
-and a copy holds one micro-batch's gradients at a time.  Elsewhere
+a copy holds one micro-batch's gradients at a time and autograd no longer
+adds them into the copy's own ``.grad`` (the sum replaces it).  Elsewhere
 (:func:`ordered_sum`) it runs when the schedule is done, at the price of
 keeping uses x micro-batches gradients of the weight until then.  Both fold
 with :class:`Partial` and :class:`Total`.
@@ -51,9 +51,10 @@ class TiedCopy:
     chunk: int = 0
     replicas: int = 1
     per_micro_batch: list[list[torch.Tensor | None]] = field(default_factory=list)  # [micro-batch][use]
-    clone: bool = True  # keep copies (the end-of-step walk holds them while autograd runs on)
+    streamed: bool = False  # summed during the schedule (partitioning.gpu.tied_stream), not after it
     reached: bool = False  # a use's gradient arrived in this step
     most_held: int = 0  # the most use gradients this copy held at once (how far the memory grows)
+    uses: int = 0  # of the copy in one micro-batch's forward
 
     def watch(self, outputs: object) -> None:
         """Hook every use of the copy in the autograd graph of one micro-batch's forward."""
@@ -75,6 +76,7 @@ class TiedCopy:
                     uses.append((node._sequence_nr(), node, index))
                 pending.append(following)
         grads: list[torch.Tensor | None] = [None] * len(uses)
+        self.uses = len(uses)
         for position, (_, node, index) in enumerate(sorted(uses, key=lambda use: use[0])):  # forward order
             node.register_hook(self._keep(grads, position, index))
         self.per_micro_batch.append(grads)
@@ -84,12 +86,15 @@ class TiedCopy:
             gradient = grad_inputs[index]
             if gradient is not None:
                 self.reached = True
-                # Without a copy the tensor is autograd's own, read once this chunk's backward of the micro-batch
-                # is done (the stream) and never written: holding this reference keeps autograd from stealing it
-                # or adding into it in place (both need it unshared).
-                grads[position] = gradient.detach().clone() if self.clone else gradient
+                # Streamed, the tensor is autograd's own, read once this chunk's backward of the micro-batch is
+                # done and never written: holding this reference keeps autograd from stealing it or adding into
+                # it in place (both need it unshared).  The end-of-step walk keeps a copy.
+                grads[position] = gradient if self.streamed else gradient.detach().clone()
                 self.most_held = max(self.most_held, self.held())
-            # Autograd does not add it into the copy's own gradient: the ordered sum replaces that one.
+            if not self.streamed:
+                return grad_inputs
+            # Streamed, autograd does not add it into the copy's own gradient too: the stream's sum replaces that
+            # one.  (Not where the backward is split: the engine's weight step differentiates through this edge.)
             return grad_inputs[:index] + (None,) + grad_inputs[index + 1:]
         return keep
 

@@ -66,7 +66,7 @@ class TiedStream:
     """This rank's copies of one tied weight, summed in the one-process order as the backward runs.
 
     ``holders``: every chunk holding the weight; ``ranks_of``: the rank of every chunk; ``copies`` this
-    rank's (``clone=False``: a use's gradient is read right after its chunk's backward, never kept).
+    rank's (marked ``streamed``: a use's gradient is read right after its chunk's backward, never kept).
     """
 
     def __init__(self, copies: Sequence[TiedCopy], holders: Sequence[int], ranks_of: Sequence[int],

@@ -60,7 +60,7 @@ class TiedWeights:
         for name in sorted({copy.name for copy in self.copies}):
             copies = [copy for copy in self.copies if copy.name == name]
             for copy in copies:
-                copy.clone = False  # read right after its chunk's backward, never kept
+                copy.streamed = True
             self.streams[name] = TiedStream(copies, self.holding[name], self.ranks_of, micro_batches, schedule)
         for chunk, stage in zip(chunks, chunk_stages):
             stream_backward(stage, [s for s in self.streams.values() if chunk in s.copies])
@@ -83,11 +83,11 @@ class TiedWeights:
                 dist.all_reduce(total, group=copies[0].group)
                 if self.replicas > 1:
                     total = total / self.replicas  # as DDP averages the other parameters
-            else:  # autograd left the copies' own gradients out (replayed copies aside): the sum replaces them
+            else:  # the sum replaces the copies' own gradients (streamed, autograd left them out)
                 if name in self.streams:
                     total = self.streams[name].finish()
                 else:
-                    total = torch.empty_like(copies[0].parameter)
+                    total = next(c.parameter.grad for c in copies if c.parameter.grad is not None)  # overwritten
                     ordered_sum(copies, micro_batches, self.ranks_of, out=total)
                 # the schedule divides a copy's own gradient by the micro-batch count, DDP the others' by the
                 # replica count: so does the sum
