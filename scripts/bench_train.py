@@ -235,14 +235,16 @@ def rss(args: argparse.Namespace, scratch: Path) -> str:
         records, _ = launch(job, args.rss_stages)
         rows = [f"`--tied-sum {tied_sum}`:\n", "| rank | parameters | weights MB | + AdamW (3x) MB | torch baseline "
                 "RSS MB | peak RSS MB | peak - baseline MB | (peak - baseline) / (weights + AdamW) | peak / (baseline "
-                "+ weights + AdamW) |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                "+ weights + AdamW) | peak / (baseline + weights + gradients + AdamW) |",
+                "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in records:
             state = 3 * r["param_mb"]
             cuda = f" (CUDA peak {r['cuda_peak_mb']:.0f} MB)" if "cuda_peak_mb" in r else ""
             rows.append(f"| {r['rank']}{cuda} | {r['params'] / 1e6:.1f} M | {r['param_mb']:.0f} | {state:.0f} | "
                         f"{r['baseline_mb']:.0f} | {r['peak_mb']:.0f} | {r['peak_mb'] - r['baseline_mb']:.0f} | "
                         f"{(r['peak_mb'] - r['baseline_mb']) / state:.2f} | "
-                        f"{r['peak_mb'] / (r['baseline_mb'] + state):.2f} |")
+                        f"{r['peak_mb'] / (r['baseline_mb'] + state):.2f} | "
+                        f"{r['peak_mb'] / (r['baseline_mb'] + state + r['param_mb']):.2f} |")
         text.append("\n".join(rows) + "\n")
     return "\n".join(text)
 
