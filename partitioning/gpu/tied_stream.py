@@ -31,7 +31,8 @@ gradients computed late and out of order), runs micro-batches out of order
 (LoopedBFS runs them backwards) or where data-parallel replicas sum replica
 by replica (replica ``d``'s micro-batches come after all of replica
 ``d - 1``'s), :func:`streams` says no and the sum runs when the schedule is
-done (:func:`partitioning.gpu.tied.ordered_sum`).
+done (:func:`partitioning.gpu.tied.ordered_sum`); so does a weight whose chain
+of holders crosses a link twice (:func:`chain_streams`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,18 @@ def streams(schedule: str, ranks: int, virtual: int, micro_batches: int, replica
                     return False
                 done[action.chunk] = action.micro_batch + 1
     return True
+
+
+def chain_streams(holders: Sequence[int], ranks_of: Sequence[int]) -> bool:
+    """Whether one weight's chain of holders crosses each link (a pair of ranks, one way) at most once.
+
+    Then every link carries one message a micro-batch, sent and received in micro-batch order: the order
+    NCCL matches point-to-point messages in (it ignores tags).  A chain crossing a link twice (looped
+    placements with three or more holders) sums after the schedule.
+    """
+    chain = sorted(holders, reverse=True)
+    hops = [(ranks_of[a], ranks_of[b]) for a, b in zip(chain, chain[1:]) if ranks_of[a] != ranks_of[b]]
+    return len(hops) == len(set(hops))
 
 
 class TiedStream:

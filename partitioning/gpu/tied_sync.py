@@ -15,7 +15,7 @@ from torch import nn
 
 from common.errors import UserError
 from partitioning.gpu.tied import TiedCopy, ordered_sum
-from partitioning.gpu.tied_stream import TiedStream, stream_backward
+from partitioning.gpu.tied_stream import TiedStream, chain_streams, stream_backward
 
 
 class TiedWeights:
@@ -23,7 +23,8 @@ class TiedWeights:
 
     ``chunks`` / ``modules``: this rank's chunks and their modules; ``ranks_of``: every chunk's rank in a
     replica of ``stages`` ranks.  Under ``tied_sum="ordered"`` every copy's uses are watched, and with
-    ``stream`` (:func:`partitioning.gpu.tied_stream.streams`) summed as ``chunk_stages`` run their backwards.
+    ``stream`` (:func:`partitioning.gpu.tied_stream.streams`, and per weight
+    :func:`partitioning.gpu.tied_stream.chain_streams`) summed as ``chunk_stages`` run their backwards.
     """
 
     def __init__(self, holding: dict[str, tuple[int, ...]], chunks: Sequence[int], modules: Sequence[nn.Module],
@@ -58,6 +59,8 @@ class TiedWeights:
         if not stream:
             return
         for name in sorted({copy.name for copy in self.copies}):
+            if not chain_streams(self.holding[name], self.ranks_of):
+                continue
             copies = [copy for copy in self.copies if copy.name == name]
             for copy in copies:
                 copy.streamed = True
