@@ -116,7 +116,9 @@ class PipelineRun:
     """This rank's stages (chunks) of a plan, their schedule, and the tied-weight synchronisation.
 
     ``tied_sum="ordered"`` (default) gives every copy of a tied weight the
-    gradient single-process training computes, bit for bit, at the cost of
+    gradient single-process training computes, bit for bit: summed as the
+    backward runs where the schedule allows (GPipe, 1F1B, Interleaved1F1B:
+    :mod:`partitioning.gpu.tied_stream`), else after it, at the cost of
     keeping each use's gradient for every micro-batch of the step.
     ``tied_sum="allreduce"`` sums the copies' accumulated gradients with one
     all-reduce, as DeepSpeed does: no extra memory, equal up to the order of
