@@ -14,6 +14,7 @@
     python scripts/bench_train.py                       # CPU, gloo, both parts
     python scripts/bench_train.py --docs docs           # also write the section of docs/benchmarks.md
     python scripts/bench_train.py --part rss --rss-shape gpt2-large
+    python scripts/bench_train.py --part rss --rss-micro-batches 8 --rss-tied-sums ordered
     python scripts/bench_train.py --batch 8 --seq-len 512 --steps 20 --rss-seq-len 512  # GPU: one a rank, NCCL
 
 (NCCL when there are as many GPUs as ranks.)  The GPU command has not been run by this project.
@@ -224,10 +225,11 @@ def throughput(args: argparse.Namespace, scratch: Path) -> str:
 
 
 def rss(args: argparse.Namespace, scratch: Path) -> str:
+    micro_batches = args.rss_micro_batches or args.rss_stages
     plan, checkpoint, data = write_run(scratch / "rss", args.family, args.rss_shape, args.rss_stages, 1,
-                                       args.rss_seq_len, args.rss_stages, 2 * args.rss_stages)
+                                       args.rss_seq_len, micro_batches, 2 * micro_batches)
     text = [f"{args.family} `{args.rss_shape}` from a random-weight `model.safetensors`, {args.rss_stages} stages "
-            f"(parameter-balanced), GPipe, {args.rss_steps} steps, {args.rss_stages} micro-batches of 1 x "
+            f"(parameter-balanced), GPipe, {args.rss_steps} steps, {micro_batches} micro-batches of 1 x "
             f"{args.rss_seq_len} tokens, no `--save`; AdamW state is 2 x the weights, the gradients 1 x:\n"]
     for tied_sum in args.rss_tied_sums:
         job = {"part": "rss", "plan": str(plan), "checkpoint": str(checkpoint), "data": str(data),
@@ -277,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rss-stages", type=int, default=4)
     parser.add_argument("--rss-seq-len", type=int, default=32)
     parser.add_argument("--rss-steps", type=int, default=2)
+    parser.add_argument("--rss-micro-batches", type=int, help="default: --rss-stages")
     parser.add_argument("--rss-tied-sums", nargs="+", choices=("ordered", "allreduce"),
                         default=["ordered", "allreduce"], help="one memory table per --tied-sum")
     parser.add_argument("--docs", type=Path, help="write the section into DOCS/benchmarks.md")
