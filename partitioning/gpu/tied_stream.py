@@ -89,8 +89,8 @@ class TiedStream:
         self.holders, self.ranks_of, self.micro_batches = sorted(holders), ranks_of, micro_batches
         self.group, self.stages, self.like = first.group, first.stages, first.parameter
         self.local: dict[tuple[int, int], Partial] = {}  # handed to a chunk of this rank: (chunk, micro-batch)
-        self.sending: list[tuple[Any, torch.Tensor]] = []  # isends not yet known done, and their buffers
-        self.spare: list[torch.Tensor] = []  # buffers no longer needed, for the next receive
+        self.sending: list[tuple[Any, torch.Tensor, bool]] = []  # isends not yet known done: buffer, its own
+        self.spare: list[torch.Tensor] = []  # one buffer of this rank's own no longer needed, for the next receive
         self.total: Total | None = None  # on the first holder's rank
         self.done = 0  # micro-batches added to the total
         # Sends left in flight before a holder waits for its oldest.  With one chunk a rank (GPipe, 1F1B), the
@@ -102,6 +102,8 @@ class TiedStream:
         self.bound: dict[int, int | None] = {
             chunk: (self.ranks_of[chunk] - self.ranks_of[self._earlier(chunk)] if schedule in SINGLE else None)
             for chunk in self.copies if self.holders.index(chunk) > 0}
+        later = {chunk: self.holders[self.holders.index(chunk) + 1] for chunk in self.copies if chunk != self.holders[-1]}
+        self.receives = any(ranks_of[after] != ranks_of[chunk] for chunk, after in later.items())
 
     def _earlier(self, chunk: int) -> int:
         return self.holders[self.holders.index(chunk) - 1]
@@ -131,10 +133,13 @@ class TiedStream:
         if self.ranks_of[earlier] == self.ranks_of[chunk]:
             self.local[(earlier, micro_batch)] = partial
             return
-        tensor = partial.tensor if partial.tensor is not None else torch.full_like(self.like, -0.0)
-        tensor = tensor.contiguous()  # gloo sends contiguous tensors only
+        if partial.tensor is None:
+            partial = Partial(torch.full_like(self.like, -0.0))
+        assert partial.tensor is not None
+        tensor = partial.tensor.contiguous()  # gloo sends contiguous tensors only
+        own = partial.owned or tensor is not partial.tensor  # a borrowed gradient is never written to
         self.sending.append((dist.isend(tensor, group=self.group, group_dst=self.stages.index(self.ranks_of[earlier]),
-                                        tag=self._tag(earlier, micro_batch)), tensor))
+                                        tag=self._tag(earlier, micro_batch)), tensor, own))
         self._reap(self.bound[chunk])
 
     def _tag(self, receiver: int, micro_batch: int) -> int:
@@ -143,10 +148,13 @@ class TiedStream:
     def _reap(self, bound: int | None) -> None:
         """Forget the sends done; wait for the oldest while more than ``bound`` are in flight."""
         while self.sending and (self.sending[0][0].is_completed() or (bound is not None and len(self.sending) > bound)):
-            work, tensor = self.sending.pop(0)
+            work, tensor, own = self.sending.pop(0)
             work.wait()
-            if tensor.shape == self.like.shape:
-                self.spare.append(tensor)
+            self._keep_spare(tensor, own)
+
+    def _keep_spare(self, tensor: torch.Tensor, own: bool) -> None:
+        if own and self.receives and not self.spare:  # one is all a receive needs; the rest is freed
+            self.spare.append(tensor)
 
     def _add_to_total(self, partial: Partial, micro_batch: int) -> None:
         assert micro_batch == self.done, (micro_batch, self.done)  # streams() let only in-order backwards here
@@ -156,8 +164,7 @@ class TiedStream:
         if self.total is None:
             self.total = Total(torch.empty_like(self.like))
         self.total.add(partial.tensor)
-        if partial.owned:
-            self.spare.append(partial.tensor)
+        self._keep_spare(partial.tensor, partial.owned)
 
     def finish(self) -> torch.Tensor:
         """The step's sum on every holder (after the schedule): the first holder's total, broadcast."""
