@@ -139,6 +139,14 @@ class Total:
         self.started = True
 
 
+def check_forwards(copies: Sequence[TiedCopy], micro_batches: int) -> None:
+    """One recorded forward a micro-batch (a forward under grad mode outside the schedule would misplace them)."""
+    for copy in copies:
+        if len(copy.per_micro_batch) != micro_batches:
+            raise UserError(f"{copy.name}: {len(copy.per_micro_batch)} forwards in a step of {micro_batches} "
+                            f"micro-batches")
+
+
 def ordered_sum(copies: Sequence[TiedCopy], micro_batches: int, ranks_of: Sequence[int], out: torch.Tensor) -> None:
     """All holders' use gradients, summed per micro-batch from the last use back, then over micro-batches
     (replica by replica), into ``out``.
@@ -153,10 +161,7 @@ def ordered_sum(copies: Sequence[TiedCopy], micro_batches: int, ranks_of: Sequen
     the broadcast, and no member copies a gradient it kept (the sum adds into them): the additions, their
     order and so the bits are those of one process.
     """
-    for copy in copies:
-        if len(copy.per_micro_batch) != micro_batches:
-            raise UserError(f"{copy.name}: {len(copy.per_micro_batch)} forwards in a step of {micro_batches} "
-                            f"micro-batches")
+    check_forwards(copies, micro_batches)
     first = copies[0]
     device = out.device  # collectives run where the weight lives (NCCL needs CUDA tensors)
     counts = torch.zeros(len(ranks_of), dtype=torch.long, device=device)  # uses per chunk

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from partitioning.gpu.tied import Partial, TiedCopy, Total
+from partitioning.gpu.tied import Partial, TiedCopy, Total, check_forwards
 from partitioning.solve.schedules import SINGLE, orders
 
 
@@ -174,6 +174,7 @@ class TiedStream:
         # the first holder's total, or, where no use reached a gradient, +0.0 as the walk gives
         out = self.total.out if self.total is not None else torch.zeros_like(self.like)
         self.total, self.done = None, 0
+        check_forwards(list(self.copies.values()), self.micro_batches)
         for copy in self.copies.values():
             assert copy.held() == 0, copy.name
             copy.per_micro_batch.clear()
