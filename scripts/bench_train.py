@@ -14,6 +14,7 @@
     python scripts/bench_train.py                       # CPU, gloo, both parts
     python scripts/bench_train.py --docs docs           # also write the section of docs/benchmarks.md
     python scripts/bench_train.py --part rss --rss-shape gpt2-large
+    python scripts/bench_train.py --part rss --rss-micro-batches 8 --rss-tied-sums ordered
     python scripts/bench_train.py --batch 8 --seq-len 512 --steps 20 --rss-seq-len 512  # GPU: one a rank, NCCL
 
 (NCCL when there are as many GPUs as ranks.)  That command has not been run by this project: no task had two
@@ -228,10 +229,11 @@ def throughput(args: argparse.Namespace, scratch: Path) -> str:
 
 
 def rss(args: argparse.Namespace, scratch: Path) -> str:
+    micro_batches = args.rss_micro_batches or args.rss_stages
     plan, checkpoint, data = write_run(scratch / "rss", args.family, args.rss_shape, args.rss_stages, 1,
-                                       args.rss_seq_len, args.rss_stages, 2 * args.rss_stages)
+                                       args.rss_seq_len, micro_batches, 2 * micro_batches)
     text = [f"{args.family} `{args.rss_shape}` from a random-weight `model.safetensors`, {args.rss_stages} stages "
-            f"(parameter-balanced), GPipe, {args.rss_steps} steps, {args.rss_stages} micro-batches of 1 x "
+            f"(parameter-balanced), GPipe, {args.rss_steps} steps, {micro_batches} micro-batches of 1 x "
             f"{args.rss_seq_len} tokens, no `--save`; AdamW state is 2 x the weights, the gradients 1 x:\n"]
     for tied_sum in args.rss_tied_sums:
         job = {"part": "rss", "plan": str(plan), "checkpoint": str(checkpoint), "data": str(data),
@@ -239,14 +241,16 @@ def rss(args: argparse.Namespace, scratch: Path) -> str:
         records, _ = launch(job, args.rss_stages)
         rows = [f"`--tied-sum {tied_sum}`:\n", "| rank | parameters | weights MB | + AdamW (3x) MB | torch baseline "
                 "RSS MB | peak RSS MB | peak - baseline MB | (peak - baseline) / (weights + AdamW) | peak / (baseline "
-                "+ weights + AdamW) |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                "+ weights + AdamW) | peak / (baseline + weights + gradients + AdamW) |",
+                "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in records:
             state = 3 * r["param_mb"]
             cuda = f" (CUDA peak {r['cuda_peak_mb']:.0f} MB)" if "cuda_peak_mb" in r else ""
             rows.append(f"| {r['rank']}{cuda} | {r['params'] / 1e6:.1f} M | {r['param_mb']:.0f} | {state:.0f} | "
                         f"{r['baseline_mb']:.0f} | {r['peak_mb']:.0f} | {r['peak_mb'] - r['baseline_mb']:.0f} | "
                         f"{(r['peak_mb'] - r['baseline_mb']) / state:.2f} | "
-                        f"{r['peak_mb'] / (r['baseline_mb'] + state):.2f} |")
+                        f"{r['peak_mb'] / (r['baseline_mb'] + state):.2f} | "
+                        f"{r['peak_mb'] / (r['baseline_mb'] + state + r['param_mb']):.2f} |")
         text.append("\n".join(rows) + "\n")
     return "\n".join(text)
 
@@ -279,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rss-stages", type=int, default=4)
     parser.add_argument("--rss-seq-len", type=int, default=32)
     parser.add_argument("--rss-steps", type=int, default=2)
+    parser.add_argument("--rss-micro-batches", type=int, help="default: --rss-stages")
     parser.add_argument("--rss-tied-sums", nargs="+", choices=("ordered", "allreduce"),
                         default=["ordered", "allreduce"], help="one memory table per --tied-sum")
     parser.add_argument("--docs", type=Path, help="write the section into DOCS/benchmarks.md")

@@ -75,7 +75,9 @@ from partitioning.gpu.schedule_stages import (
 )
 from partitioning.gpu.shared_modules import copy_stateless_leaves
 from partitioning.gpu.stage_graphs import contiguous_boundaries, relay_along_chain, retarget_devices, sort_stage_inputs
-from partitioning.gpu.tied import TiedCopy, holders, ordered_sum
+from partitioning.gpu.tied import holders
+from partitioning.gpu.tied_stream import streams
+from partitioning.gpu.tied_sync import TiedWeights
 from partitioning.plan import Plan
 from partitioning.solve.costs import TIED_SUMS
 from partitioning.solve.schedules import SINGLE, orders
@@ -116,7 +118,9 @@ class PipelineRun:
     """This rank's stages (chunks) of a plan, their schedule, and the tied-weight synchronisation.
 
     ``tied_sum="ordered"`` (default) gives every copy of a tied weight the
-    gradient single-process training computes, bit for bit, at the cost of
+    gradient single-process training computes, bit for bit: summed as the
+    backward runs where the schedule allows (GPipe, 1F1B, Interleaved1F1B:
+    :mod:`partitioning.gpu.tied_stream`), else after it, at the cost of
     keeping each use's gradient for every micro-batch of the step.
     ``tied_sum="allreduce"`` sums the copies' accumulated gradients with one
     all-reduce, as DeepSpeed does: no extra memory, equal up to the order of
@@ -210,38 +214,13 @@ class PipelineRun:
         self.schedule = cls(self.stage if schedule in SINGLE else self.chunk_stages, micro_batches, loss_fn=model_loss)
         # The engine splits a target per micro-batch for loss_fn; the loss needs none (the labels are inputs).
         self._placeholder = torch.zeros(micro_batches, device=device)
-        self.tied = self._tie(holding)
-        if self.tied and tied_sum == "ordered":
-            for chunk, module in zip(self.chunks, self.chunk_modules):
-                module.register_forward_hook(self._watcher([c for c in self.tied if c.chunk == chunk]))
+        self.tied_weights = TiedWeights(holding, self.chunks, self.chunk_modules, self.ranks_of, world, self.replicas,
+                                        tied_sum)
+        self.tied = self.tied_weights.copies
+        self.tied_weights.watch(self.chunks, self.chunk_modules, self.chunk_stages, micro_batches, schedule,
+                                streams(schedule, world, virtual, micro_batches, self.replicas))
         for stage, module in zip(self.chunk_stages, self.chunk_modules) if self.dp_group is not None else ():
             data_parallel(stage, module, [copy.name for copy in self.tied], self.dp_group, device)  # type: ignore[arg-type]
-
-    @staticmethod
-    def _watcher(copies: list[TiedCopy]) -> Callable[[nn.Module, object, object], None]:
-        def watch(module: nn.Module, args: object, outputs: object) -> None:
-            for copy in copies:  # returns None: a forward hook's result would replace the outputs
-                copy.watch(outputs)
-        return watch
-
-    def _tie(self, holders: dict[str, tuple[int, ...]]) -> list[TiedCopy]:
-        copies = []
-        local = {chunk: dict(module.named_parameters()) for chunk, module in zip(self.chunks, self.chunk_modules)}
-        for name, chunks in sorted(holders.items()):
-            ranks = tuple(sorted({self.ranks_of[c] for c in chunks}))
-            # every rank takes part in creating every group; global rank = replica * ranks per replica + rank
-            group = dist.new_group([d * self.stages + r for d in range(self.replicas) for r in ranks])
-            mine = [c for c in chunks if c in local]
-            if not mine:
-                continue
-            source = local[mine[0]][name]  # the first holder's copy, where this rank holds it
-            with torch.no_grad():  # from replica 0's first holder: the group's ranks are replica-major
-                dist.broadcast(source.data, group=group, group_src=ranks.index(self.ranks_of[chunks[0]]))
-                for chunk in mine[1:]:
-                    local[chunk][name].data.copy_(source.data)
-            copies += [TiedCopy(name, ranks, local[chunk][name], group, chunk=chunk, replicas=self.replicas)
-                       for chunk in mine]
-        return copies
 
     def step(self, inputs: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
         """One pipelined forward and backward of a whole batch (labels included: rank 0 reads ``inputs``).
@@ -259,32 +238,7 @@ class PipelineRun:
 
     def sync_tied_gradients(self) -> None:
         """Give every copy of a tied weight the gradient of the one weight it stands for."""
-        by_name: dict[str, list[TiedCopy]] = {}
-        for copy in self.tied:
-            if copy.parameter.grad is None:
-                if copy.chunk not in self.recomputation.replayed:
-                    raise UserError(f"stage {copy.chunk} holds {copy.name} but computed no gradient for it")
-                # a replica read only to recompute a value (outside autograd) contributes nothing itself
-                copy.parameter.grad = torch.zeros_like(copy.parameter)
-            by_name.setdefault(copy.name, []).append(copy)
-        for copies in by_name.values():
-            grads = [copy.parameter.grad for copy in copies if copy.parameter.grad is not None]
-            if self.tied_sum == "allreduce":
-                total = sum(grads[1:], grads[0])  # grads[0] + grads[1] + ..., grads[0] itself when alone
-                dist.all_reduce(total, group=copies[0].group)
-                if self.replicas > 1:
-                    total = total / self.replicas  # as DDP averages the other parameters
-            else:  # the copies' own accumulated gradients are not used: the first receives the sum
-                total = grads[0]
-                ordered_sum(copies, self.micro_batches, self.ranks_of, out=total)
-                # the schedule divided the copy's own gradient by the micro-batch count, DDP the others' by the
-                # replica count: so does the sum
-                count = self.micro_batches * self.replicas if self.schedule.scale_grads else self.replicas
-                if count > 1:
-                    total.div_(count)
-            for grad in grads:
-                if grad is not total:
-                    grad.copy_(total)
+        self.tied_weights.sync(self.micro_batches, self.schedule.scale_grads, list(self.recomputation.replayed))
 
 
 def splits_backward(schedule: str, ranks: int, virtual: int, micro_batches: int) -> bool:

@@ -2,12 +2,21 @@
 
 The engine gives each stage that uses a parameter its own copy and never
 combines their gradients.  Each copy records, per micro-batch, the gradient
-each of its uses sends back; the copies then exchange those and add them up
-in one fixed order: micro-batch by micro-batch, from the last use back to
-the first.  That is the order in which single-process autograd accumulates
-a leaf used several times (the last use's gradient arrives first), so every
-copy gets the single-process gradient bit for bit.  The price is keeping
-uses x micro-batches gradients of the weight until the step ends.
+each of its uses sends back; the copies then add them up in one fixed
+order: micro-batch by micro-batch, from the last use back to the first, the
+micro-batch sums added in micro-batch order.  That is the order in which
+single-process autograd accumulates a leaf used several times (the last
+use's gradient arrives first), so every copy gets the single-process
+gradient bit for bit.
+
+Two ways run that order.  Where every chunk's backward of a micro-batch is
+one piece, in micro-batch order (:func:`partitioning.gpu.tied_stream.streams`),
+it runs during the schedule (:class:`partitioning.gpu.tied_stream.TiedStream`),
+a copy holds one micro-batch's gradients at a time and autograd no longer
+adds them into the copy's own ``.grad`` (the sum replaces it).  Elsewhere
+(:func:`ordered_sum`) it runs when the schedule is done, at the price of
+keeping uses x micro-batches gradients of the weight until then.  Both fold
+with :class:`Partial` and :class:`Total`.
 
 With data parallelism the group holds every replica's copies, replica-major
 (replica ``d`` runs micro-batches ``d*M .. d*M + M - 1`` of the step), and the
@@ -42,6 +51,10 @@ class TiedCopy:
     chunk: int = 0
     replicas: int = 1
     per_micro_batch: list[list[torch.Tensor | None]] = field(default_factory=list)  # [micro-batch][use]
+    streamed: bool = False  # summed during the schedule (partitioning.gpu.tied_stream), not after it
+    reached: bool = False  # a use's gradient arrived in this step
+    most_held: int = 0  # the most use gradients this copy held at once (how far the memory grows)
+    uses: int = 0  # of the copy in one micro-batch's forward
 
     def watch(self, outputs: object) -> None:
         """Hook every use of the copy in the autograd graph of one micro-batch's forward."""
@@ -63,16 +76,75 @@ class TiedCopy:
                     uses.append((node._sequence_nr(), node, index))
                 pending.append(following)
         grads: list[torch.Tensor | None] = [None] * len(uses)
+        self.uses = len(uses)
         for position, (_, node, index) in enumerate(sorted(uses, key=lambda use: use[0])):  # forward order
             node.register_hook(self._keep(grads, position, index))
         self.per_micro_batch.append(grads)
 
-    @staticmethod
-    def _keep(grads: list[torch.Tensor | None], position: int, index: int) -> Callable[..., None]:
-        def keep(grad_inputs: tuple[torch.Tensor | None, ...], _: object) -> None:
+    def _keep(self, grads: list[torch.Tensor | None], position: int, index: int) -> Callable[..., object]:
+        def keep(grad_inputs: tuple[torch.Tensor | None, ...], _: object) -> tuple[torch.Tensor | None, ...]:
             gradient = grad_inputs[index]
-            grads[position] = None if gradient is None else gradient.detach().clone()
+            if gradient is not None:
+                self.reached = True
+                # Streamed, the tensor is autograd's own, read once this chunk's backward of the micro-batch is
+                # done and never written: holding this reference keeps autograd from stealing it or adding into
+                # it in place (both need it unshared).  The end-of-step walk keeps a copy.
+                grads[position] = gradient if self.streamed else gradient.detach().clone()
+                self.most_held = max(self.most_held, self.held())
+            if not self.streamed:
+                return grad_inputs
+            # Streamed, autograd does not add it into the copy's own gradient too: the stream's sum replaces that
+            # one.  (Not where the backward is split: the engine's weight step differentiates through this edge.)
+            return grad_inputs[:index] + (None,) + grad_inputs[index + 1:]
         return keep
+
+    def held(self) -> int:
+        """The use gradients this copy holds now."""
+        return sum(grad is not None for grads in self.per_micro_batch for grad in grads)
+
+
+class Partial:
+    """One micro-batch's partial sum, from its last use back: the one order of additions, in one place.
+
+    A use's gradient is not written to (autograd's own may be shared), so the first one is borrowed and
+    the first addition to a borrowed sum makes a new tensor; an owned sum (received, or a kept copy) is
+    added into in place.  The bits are the same either way.
+    """
+
+    def __init__(self, tensor: torch.Tensor | None = None) -> None:
+        self.tensor, self.owned = tensor, tensor is not None
+
+    def add(self, part: torch.Tensor | None, owned: bool = False) -> None:
+        if part is None:
+            return
+        if self.tensor is None:
+            self.tensor, self.owned = part, owned
+        elif self.owned:
+            self.tensor.add_(part)
+        else:
+            self.tensor, self.owned = self.tensor + part, True
+
+
+class Total:
+    """The micro-batch sums added in micro-batch order into ``out`` (the first one copied)."""
+
+    def __init__(self, out: torch.Tensor) -> None:
+        self.out, self.started = out, False
+
+    def add(self, partial: torch.Tensor) -> None:
+        if self.started:
+            self.out.add_(partial)
+        else:
+            self.out.copy_(partial)
+        self.started = True
+
+
+def check_forwards(copies: Sequence[TiedCopy], micro_batches: int) -> None:
+    """One recorded forward a micro-batch (a forward under grad mode outside the schedule would misplace them)."""
+    for copy in copies:
+        if len(copy.per_micro_batch) != micro_batches:
+            raise UserError(f"{copy.name}: {len(copy.per_micro_batch)} forwards in a step of {micro_batches} "
+                            f"micro-batches")
 
 
 def ordered_sum(copies: Sequence[TiedCopy], micro_batches: int, ranks_of: Sequence[int], out: torch.Tensor) -> None:
@@ -89,10 +161,7 @@ def ordered_sum(copies: Sequence[TiedCopy], micro_batches: int, ranks_of: Sequen
     the broadcast, and no member copies a gradient it kept (the sum adds into them): the additions, their
     order and so the bits are those of one process.
     """
-    for copy in copies:
-        if len(copy.per_micro_batch) != micro_batches:
-            raise UserError(f"{copy.name}: {len(copy.per_micro_batch)} forwards in a step of {micro_batches} "
-                            f"micro-batches")
+    check_forwards(copies, micro_batches)
     first = copies[0]
     device = out.device  # collectives run where the weight lives (NCCL needs CUDA tensors)
     counts = torch.zeros(len(ranks_of), dtype=torch.long, device=device)  # uses per chunk
@@ -114,6 +183,7 @@ def ordered_sum(copies: Sequence[TiedCopy], micro_batches: int, ranks_of: Sequen
     dist.all_gather(gathered_flags, present, group=first.group)
     flags = [flag.tolist() for flag in gathered_flags]
     link = _Link(first.group, dist.get_rank(first.group), out)
+    total, started = Total(out), False
     total_at = -1  # the member holding the running total
     for replica in range(first.replicas):
         # (member of the group, row): this replica's chunks in order, uses in forward order
@@ -128,27 +198,24 @@ def ordered_sum(copies: Sequence[TiedCopy], micro_batches: int, ranks_of: Sequen
             walk = [(member, row) for member, row in reversed(rows) if flags[member][row][micro_batch]]
             if not walk:
                 continue
-            at, partial = walk[0][0], None  # where the micro-batch's partial sum is; its value there
+            at, partial = walk[0][0], Partial()  # where the micro-batch's partial sum is; its value there
             for member, row in walk:  # the uses backwards, as autograd accumulates them
-                partial, at = link.move(partial, at, member), member
+                if member != at:
+                    partial, at = Partial(link.move(partial.tensor, at, member)), member
                 if member == link.me:
                     part = mine[row][micro_batch]
                     assert part is not None
                     mine[row][micro_batch] = None
-                    part = part.contiguous()  # gloo sends contiguous tensors only
-                    partial = part if partial is None else partial.add_(part)
+                    partial.add(part.contiguous(), owned=True)  # gloo sends contiguous tensors only
             if total_at < 0:
                 total_at = at
-            partial = link.move(partial, at, total_at)
-            if partial is not None:
-                if link.started:
-                    out.add_(partial)
-                else:
-                    out.copy_(partial)
-                link.spare.append(partial)  # consumed: the next received partial sum lands in it
-            link.started = True
+            moved = link.move(partial.tensor, at, total_at)
+            if moved is not None:
+                total.add(moved)
+                link.spare.append(moved)  # consumed: the next received partial sum lands in it
+            started = True
     link.finish()
-    if link.started:
+    if started:
         dist.broadcast(out, group=first.group, group_src=total_at)
     else:
         out.zero_()
@@ -168,7 +235,7 @@ class _Link:
         self.group, self.me, self.like = group, me, like
         self.sending: list[tuple[dist.Work | None, torch.Tensor]] = []  # kept alive until their sends complete
         self.spare: list[torch.Tensor] = []  # buffers of the weight's shape no longer needed
-        self.tag, self.started = 0, False
+        self.tag = 0
 
     def move(self, partial: torch.Tensor | None, source: int, target: int) -> torch.Tensor | None:
         """``partial`` (on member ``source``) handed to ``target``: the tensor this member now holds of it."""

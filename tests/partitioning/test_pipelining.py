@@ -71,6 +71,13 @@ def assert_equal_to_reference(records: dict[str, list[dict]], expected: dict[str
                     if "Attention" in key.split(":")[0]]
             biases = {tuple(int(n) for n in key.split("[")[1].rstrip("]").split(", ")) for key in keys}
             assert not biases & {tuple(shape) for shape in record["received"]}, case
+            # GPipe, 1F1B and Interleaved1F1B sum a tied weight's use gradients as the backward runs: a copy holds
+            # one micro-batch's at most; the schedules that split or reverse the backward sum after the schedule,
+            # and hold every micro-batch's; allreduce keeps none
+            schedule, micro_batches = case.rpartition("/")[2].split(":")[1:3]
+            for most, uses in record["kept"]:
+                kept = uses if schedule in ("gpipe", "1f1b", "interleaved1f1b") else int(micro_batches) * uses
+                assert most == kept, (case, rank, record["kept"])
         held: dict[str, list[int]] = {}
         for record in ranks:
             for name, chunks in record["tied"].items():

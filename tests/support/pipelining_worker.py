@@ -125,7 +125,7 @@ def run_case(family: Family, case: str, out: Path) -> None:
     for copy_ in run.tied:
         held.setdefault(copy_.name.removeprefix("model."), []).append(copy_.chunk)
     record = {"case": case, "rank": rank, "problems": problems, "parameters": sorted(name for _, name, _ in local),
-              "tied": held, "chunks": run.chunks,
+              "tied": held, "chunks": run.chunks, "kept": [[c.most_held, c.uses] for c in run.tied],
               "replayed": {c: run.recomputation.replayed.get(c, []) for c in run.chunks},
               "planned": {c: sorted(plan.stages[c].recompute) for c in run.chunks},
               "received": [list(n.meta["val"].shape) for module in run.chunk_modules for n in module.graph.nodes
