@@ -76,11 +76,10 @@ from partitioning.gpu.schedule_stages import (
 from partitioning.gpu.shared_modules import copy_stateless_leaves
 from partitioning.gpu.stage_graphs import contiguous_boundaries, relay_along_chain, retarget_devices, sort_stage_inputs
 from partitioning.gpu.tied import holders
-from partitioning.gpu.tied_stream import streams
 from partitioning.gpu.tied_sync import TiedWeights
 from partitioning.plan import Plan
 from partitioning.solve.costs import TIED_SUMS
-from partitioning.solve.schedules import SINGLE, orders
+from partitioning.solve.schedules import SINGLE, orders, streams
 
 _PREFIX = "model."
 

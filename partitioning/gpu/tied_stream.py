@@ -30,9 +30,9 @@ Where the backward of a chunk is split (zero-bubble schedules: weight
 gradients computed late and out of order), runs micro-batches out of order
 (LoopedBFS runs them backwards) or where data-parallel replicas sum replica
 by replica (replica ``d``'s micro-batches come after all of replica
-``d - 1``'s), :func:`streams` says no and the sum runs when the schedule is
+``d - 1``'s), :func:`partitioning.solve.schedules.streams` says no and the sum runs when the schedule is
 done (:func:`partitioning.gpu.tied.ordered_sum`); so does a weight whose chain
-of holders crosses a link twice (:func:`chain_streams`).
+of holders crosses a link twice (:func:`partitioning.solve.schedules.chain_streams`).
 """
 
 from __future__ import annotations
@@ -44,35 +44,7 @@ import torch
 import torch.distributed as dist
 
 from partitioning.gpu.tied import Partial, TiedCopy, Total, check_forwards
-from partitioning.solve.schedules import SINGLE, orders
-
-
-def streams(schedule: str, ranks: int, virtual: int, micro_batches: int, replicas: int) -> bool:
-    """Whether the ordered sum runs during the schedule: one replica, every backward whole and in micro-batch order."""
-    if replicas > 1:
-        return False
-    for order in orders(schedule, ranks, virtual, micro_batches):
-        done: dict[int, int] = {}  # chunk -> backwards run
-        for action in order:
-            if action.kind in ("I", "W"):
-                return False
-            if action.kind == "B":
-                if action.micro_batch != done.get(action.chunk, 0):
-                    return False
-                done[action.chunk] = action.micro_batch + 1
-    return True
-
-
-def chain_streams(holders: Sequence[int], ranks_of: Sequence[int]) -> bool:
-    """Whether one weight's chain of holders crosses each link (a pair of ranks, one way) at most once.
-
-    Then every link carries one message a micro-batch, sent and received in micro-batch order: the order
-    NCCL matches point-to-point messages in (it ignores tags).  A chain crossing a link twice (looped
-    placements with three or more holders) sums after the schedule.
-    """
-    chain = sorted(holders, reverse=True)
-    hops = [(ranks_of[a], ranks_of[b]) for a, b in zip(chain, chain[1:]) if ranks_of[a] != ranks_of[b]]
-    return len(hops) == len(set(hops))
+from partitioning.solve.schedules import SINGLE
 
 
 class TiedStream:

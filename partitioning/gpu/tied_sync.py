@@ -15,7 +15,8 @@ from torch import nn
 
 from common.errors import UserError
 from partitioning.gpu.tied import TiedCopy, ordered_sum
-from partitioning.gpu.tied_stream import TiedStream, chain_streams, stream_backward
+from partitioning.gpu.tied_stream import TiedStream, stream_backward
+from partitioning.solve.schedules import chain_streams
 
 
 class TiedWeights:
@@ -23,8 +24,8 @@ class TiedWeights:
 
     ``chunks`` / ``modules``: this rank's chunks and their modules; ``ranks_of``: every chunk's rank in a
     replica of ``stages`` ranks.  Under ``tied_sum="ordered"`` every copy's uses are watched, and with
-    ``stream`` (:func:`partitioning.gpu.tied_stream.streams`, and per weight
-    :func:`partitioning.gpu.tied_stream.chain_streams`) summed as ``chunk_stages`` run their backwards.
+    ``stream`` (:func:`partitioning.solve.schedules.streams`, and per weight
+    :func:`partitioning.solve.schedules.chain_streams`) summed as ``chunk_stages`` run their backwards.
     """
 
     def __init__(self, holding: dict[str, tuple[int, ...]], chunks: Sequence[int], modules: Sequence[nn.Module],

@@ -28,7 +28,7 @@ from typing import Any
 from common.errors import UserError
 from partitioning.plan import Block, Plan, Value
 from partitioning.solve.costs import ChainCosts, Settings
-from partitioning.solve.schedules import SINGLE, check_runs, orders, placement
+from partitioning.solve.schedules import SINGLE, chain_streams, check_runs, orders, placement, streams
 from partitioning.solve.simulate import ChunkCost, Timeline, simulate
 
 Segment = tuple[int, int]
@@ -88,7 +88,11 @@ def after_last_action(costs: ChainCosts, segments: Sequence[Segment], where: Seq
     does not wait: the micro-batches' walks overlap), then every holder the total's broadcast (``H - 1`` sends
     of ``S``), the two small all-gathers of use counts (two latencies), the division by the micro-batch count
     and the copy into each of the rank's other copies (a read and a write of ``S`` each, at the memory
-    bandwidth, which counts both).
+    bandwidth, which counts both).  Under the schedules that stream it (:func:`schedules.streams` for one
+    replica, and a weight whose chain crosses each link once: :func:`schedules.chain_streams`) the walks run
+    during the schedule (:mod:`partitioning.gpu.tied_stream`), each message sent before its receiver's backward
+    of that micro-batch could start: the additions still cost the rank, the messages no wait, and no counts
+    are gathered (one latency, the broadcast's).  A data-parallel run walks after the schedule instead.
 
     ``allreduce``: once a step each holder adds its ``c`` copies' accumulated gradients (``c - 1`` additions
     into a new tensor), all-reduces that over the ``H`` holders (a ring: ``2 (H - 1) / H`` of ``S`` sent and
@@ -101,6 +105,7 @@ def after_last_action(costs: ChainCosts, segments: Sequence[Segment], where: Seq
         return (), ()
     rank_of_block = {block: rank for (i, j), rank in zip(segments, where) for block in range(i, j + 1)}
     tied, m = [0.0] * ranks, settings.micro_batches
+    streaming = settings.tied_sum == "ordered" and streams(settings.schedule, ranks, len(where) // ranks, m, 1)
     for size, users in costs.tied_weights():
         chunks = {c for c, (i, j) in enumerate(segments) if any(i <= u <= j for u in users)}
         if len(chunks) < 2:
@@ -119,10 +124,12 @@ def after_last_action(costs: ChainCosts, segments: Sequence[Segment], where: Seq
                 tied[r] += ((copies - 1) * 3 + (copies > 1) * copies * 2) * size / settings.memory_bandwidth + ring
             continue
         message = size / settings.bandwidth + settings.latency
+        streamed = streaming and chain_streams(sorted(chunks), where)
         for r in holders:
             copies = sum(1 for c in chunks if where[c] == r)  # a rank's other copies get the sum copied
-            tied[r] += m * (3 * additions[r] * size / settings.memory_bandwidth + received[r] * message)
-            tied[r] += (len(holders) - 1) * size / settings.bandwidth + 3 * settings.latency
+            waits = 0.0 if streamed else received[r] * message
+            tied[r] += m * (3 * additions[r] * size / settings.memory_bandwidth + waits)
+            tied[r] += (len(holders) - 1) * size / settings.bandwidth + (1 if streamed else 3) * settings.latency
             tied[r] += 2 * copies * size / settings.memory_bandwidth
     params = [0.0] * ranks
     for (i, j), rank in zip(segments, where):

@@ -160,3 +160,31 @@ def _flatten(actions: Sequence[Any]) -> list[Action]:
             if kind in ("F", "B", "I", "W"):
                 flat.append(Action(each.stage_index, kind, each.microbatch_index))
     return flat
+
+
+def streams(schedule: str, ranks: int, virtual: int, micro_batches: int, replicas: int) -> bool:
+    """Whether the ordered sum runs during the schedule: one replica, every backward whole and in micro-batch order."""
+    if replicas > 1:
+        return False
+    for order in orders(schedule, ranks, virtual, micro_batches):
+        done: dict[int, int] = {}  # chunk -> backwards run
+        for action in order:
+            if action.kind in ("I", "W"):
+                return False
+            if action.kind == "B":
+                if action.micro_batch != done.get(action.chunk, 0):
+                    return False
+                done[action.chunk] = action.micro_batch + 1
+    return True
+
+
+def chain_streams(holders: Sequence[int], ranks_of: Sequence[int]) -> bool:
+    """Whether one weight's chain of holders crosses each link (a pair of ranks, one way) at most once.
+
+    Then every link carries one message a micro-batch, sent and received in micro-batch order: the order
+    NCCL matches point-to-point messages in (it ignores tags).  A chain crossing a link twice (looped
+    placements with three or more holders) sums after the schedule.
+    """
+    chain = sorted(holders, reverse=True)
+    hops = [(ranks_of[a], ranks_of[b]) for a, b in zip(chain, chain[1:]) if ranks_of[a] != ranks_of[b]]
+    return len(hops) == len(set(hops))

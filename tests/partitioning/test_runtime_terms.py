@@ -64,27 +64,36 @@ def test_latency_delays_each_message_and_the_tail_follows_the_pipeline() -> None
 
 
 def test_the_ordered_tied_sum_passes_each_micro_batchs_partial_sum_along_the_uses() -> None:
-    # an embedding (block 0) tied to a head (block 3): 100 bytes, one use on each of the 2 ranks, m = 3
-    blocks = chain([1.0] * 4, shared={0: ("emb",), 3: ("emb",)})
-    each = settings("1f1b", 3, bandwidth=10.0, memory_bandwidth=100.0, latency=0.01, update_rate=1e-9)
-    costs = ChainCosts(blocks, each, {"emb": 100})
+    # an embedding (block 0) tied to a head (block 3): 100 bytes, one use on each of the 2 ranks, m = 4.  Walked
+    # after the schedule (interleaved zero bubble splits the backward), per micro-batch rank 1 sends its use's
+    # gradient (100 B at 10 B/s, a latency) and rank 0 adds its own and adds the sum to the total (2 additions
+    # of 3 x 100 B at 100 B/s); then the broadcast (one send, a latency), the two gathers' latencies and the
+    # division (2 x 100 B) on both.  Streamed (1F1B, Interleaved1F1B): the same additions, no wait for a
+    # message (sent before the receiver's backward of that micro-batch), no gathers
+    def each(schedule: str) -> Settings:
+        return settings(schedule, 4, bandwidth=10.0, memory_bandwidth=100.0, latency=0.01, update_rate=1e-9)
+
+    tail, streamed_tail = 10.0 + 0.03 + 2.0, 10.0 + 0.01 + 2.0
+    costs = ChainCosts(chain([1.0] * 4, shared={0: ("emb",), 3: ("emb",)}), each("1f1b"), {"emb": 100})
     tied, _ = after_last_action(costs, [(0, 1), (2, 3)], [0, 1], 2)
-    # per micro-batch rank 1 sends its use's gradient (100 B at 10 B/s, a latency) and rank 0 adds its own and
-    # adds the sum to the total (2 additions of 3 x 100 B at 100 B/s); then the broadcast (one send, a latency),
-    # the two gathers' latencies and the division (2 x 100 B) on both
-    tail = 10.0 + 0.03 + 2.0
-    assert tied == pytest.approx((3 * (10.01 + 6.0) + tail, tail))
+    assert tied == pytest.approx((4 * 6.0 + streamed_tail, streamed_tail))
     # three uses (T5: encoder and decoder embedding, head): rank 1's two are added there, one message per
     # micro-batch, not one per use
-    three = ChainCosts(chain([1.0] * 4, shared={0: ("emb",), 2: ("emb",), 3: ("emb",)}), each, {"emb": 100})
+    blocks = chain([1.0] * 4, shared={0: ("emb",), 2: ("emb",), 3: ("emb",)})
+    three = ChainCosts(blocks, each("1f1b"), {"emb": 100})
     tied, _ = after_last_action(three, [(0, 1), (2, 3)], [0, 1], 2)
-    assert tied == pytest.approx((3 * (10.01 + 6.0) + tail, 3 * 3.0 + tail))
+    assert tied == pytest.approx((4 * 6.0 + streamed_tail, 4 * 3.0 + streamed_tail))
     # V = 2, looped (chunk c on rank c mod 2): the walk 3 -> 2 -> 0 changes rank once; rank 0 holds two
     # copies (chunks 0 and 2), and the sum is copied into the second
-    looped, _ = after_last_action(three, [(0, 0), (1, 1), (2, 2), (3, 3)], [0, 1, 0, 1], 2)
-    assert looped == pytest.approx((3 * (10.01 + 9.0) + tail + 2.0, tail))
+    looped = [(0, 0), (1, 1), (2, 2), (3, 3)]
+    walked, _ = after_last_action(ChainCosts(blocks, each("interleavedzerobubble"), {"emb": 100}), looped,
+                                  [0, 1, 0, 1], 2)
+    assert walked == pytest.approx((4 * (10.01 + 9.0) + tail + 2.0, tail))
+    streamed, _ = after_last_action(ChainCosts(blocks, each("interleaved1f1b"), {"emb": 100}), looped,
+                                    [0, 1, 0, 1], 2)
+    assert streamed == pytest.approx((4 * 9.0 + streamed_tail + 2.0, streamed_tail))
     alone, _ = after_last_action(costs, [(0, 3)], [0], 1)
-    one_chunk = ChainCosts(chain([1.0] * 4, shared={0: ("emb",), 1: ("emb",)}), each, {"emb": 100})
+    one_chunk = ChainCosts(chain([1.0] * 4, shared={0: ("emb",), 1: ("emb",)}), each("1f1b"), {"emb": 100})
     assert after_last_action(one_chunk, [(0, 1), (2, 3)], [0, 1], 2)[0] == (0.0, 0.0)  # one chunk holds it
     assert alone == (0.0,)
 
@@ -105,7 +114,8 @@ def test_the_allreduce_tied_sum_is_one_ring_all_reduce_a_step() -> None:
     looped = [(0, 0), (1, 1), (2, 2), (3, 3)]
     tied, _ = after_last_action(three, looped, [0, 1, 0, 1], 2)
     assert tied == pytest.approx((ring + 3.0 + 4.0, ring))
-    ordered = ChainCosts(three.blocks, replace(each, tied_sum="ordered"), {"emb": 100})
+    walked = replace(each, tied_sum="ordered", schedule="interleavedzerobubble", virtual_stages=2)  # after it
+    ordered = ChainCosts(three.blocks, walked, {"emb": 100})
     assert after_last_action(ordered, looped, [0, 1, 0, 1], 2)[0][0] > 3 * tied[0]  # m = 3 walks, not one
     with pytest.raises(UserError, match="unknown tied sum 'sum'"):
         settings("1f1b", 3, tied_sum="sum")
