@@ -17,11 +17,8 @@
     python scripts/bench_train.py --part rss --rss-micro-batches 8 --rss-tied-sums ordered
     python scripts/bench_train.py --batch 8 --seq-len 512 --steps 20 --rss-seq-len 512  # GPU: one a rank, NCCL
 
-(NCCL when there are as many GPUs as ranks.)  That command has not been run by this project: no task had two
-GPUs.  On one GPU (NCCL refuses two ranks on one device) it ran as one stage, results in docs/benchmarks.md:
-
-    python scripts/bench_train.py --stages 1 --rss-stages 1 --batch 8 --seq-len 512 --micro-batches 4 --steps 6 \
-        --rss-seq-len 512 --rss-steps 3 --rss-tied-sums ordered
+(NCCL when there are as many GPUs as ranks; never run: no task had two GPUs.  The one-GPU run, one stage, and
+its command are in docs/benchmarks.md.)
 """
 
 from __future__ import annotations
@@ -271,18 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--part", choices=("both", "speed", "rss"), default="both")
-    parser.add_argument("--family", default="gpt2")
-    parser.add_argument("--shape", default="gpt2")
-    parser.add_argument("--stages", type=int, default=2)
+    for name, default in (("family", "gpt2"), ("shape", "gpt2"), ("stages", 2), ("seq-len", 64), ("micro-batches", 2),
+                          ("rounds", 2), ("rss-shape", "gpt2-medium"), ("rss-stages", 4), ("rss-seq-len", 32),
+                          ("rss-steps", 2)):
+        parser.add_argument(f"--{name}", type=type(default), default=default)
     parser.add_argument("--batch", type=int, default=1, help="sequences per micro-batch")
-    parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--micro-batches", type=int, default=2)
     parser.add_argument("--steps", type=int, default=4, help="per round (the first is warm-up)")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--rss-shape", default="gpt2-medium")
-    parser.add_argument("--rss-stages", type=int, default=4)
-    parser.add_argument("--rss-seq-len", type=int, default=32)
-    parser.add_argument("--rss-steps", type=int, default=2)
     parser.add_argument("--rss-micro-batches", type=int, help="default: --rss-stages")
     parser.add_argument("--rss-tied-sums", nargs="+", choices=("ordered", "allreduce"),
                         default=["ordered", "allreduce"], help="one memory table per --tied-sum")

@@ -7,7 +7,7 @@ operations in the other places land under the wrong parent and the split
 fails ("Child module 'predictions' is not a descendant of parent module
 'model.cls'").  transformers 4.20 does this to every model: its ``ACT2FN``
 maps names to module instances, so one ``GELUActivation`` sits in every
-layer asking for "gelu", and RoBERTa's LM head also calls that instance
+layer asking for "gelu", and one LM head also calls that instance
 through the module-level name ``gelu`` without registering it.  A leaf
 without parameters or buffers computes the same as its copy, so every
 registration of one gets its own copy, and no module object a model's code

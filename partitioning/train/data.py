@@ -9,9 +9,9 @@ filled with zeros (token type ids) to zeros.  Shorter sequences are padded to
 the plan's length: ids with the config's ``pad_token_id`` (0 when it has
 none), masks with 0, labels (an input named ``*labels``/``*label``, Hugging
 Face's convention) with -100, which the loss ignores.  A longer one is an error.
-An input whose spec names its ``last`` value (BART's ``</s>``, where its
-sequence classifier reads the decoder) must end with it, as often in every
-example (the model requires it of every row).
+An input whose spec names its ``last`` value (an end-of-sequence token a
+sequence classifier reads its positions off) must end with it, as often in
+every example (the model requires it of every row).
 
 Step ``s`` takes examples ``s*B .. (s+1)*B - 1`` of the endless sequence of
 epochs, epoch ``e`` being a permutation drawn from ``seed + e``: the order is

@@ -208,8 +208,7 @@ def _gather_bin(model: StageModel, written: dict[str, torch.Tensor], directory: 
 def _every_key(model: StageModel, found: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``found`` under every stock key of each of its tensors, tied ones sharing storage: the ``.bin`` releases
     (before 4.25) expect every key of the state dict, where the safetensors shards hold a tied weight once
-    (measured: 4.20.1 loads BERT's and BART's without them as missing ``cls.predictions.decoder.weight``,
-    ``model.encoder.embed_tokens.weight``)."""
+    (measured: 4.20.1 reports a tied weight's other keys missing without them)."""
     state = set(model.meta.state_keys)
     by_key = {}
     for keys in model.meta.keys.values():
