@@ -23,6 +23,7 @@ from transforms.out_of_place import OutOfPlace
 from transforms.override_inherited import OverrideInherited
 from transforms.prune_classes import PruneClasses
 from transforms.remove_classes import RemoveClasses
+from transforms.renamed_keywords import RenamedKeywords
 from transforms.replace_bases import ReplaceBases
 from transforms.shared_weight import SharedWeight
 from transforms.shift_right import FunctionalShiftRight
@@ -34,6 +35,7 @@ from transforms.torch_assert import TorchAssert
 
 REGISTRY: dict[str, type[Transform]] = {
     "absolute_imports": AbsoluteImports,
+    "renamed_keywords": RenamedKeywords,
     "drop_decorators": DropDecorators,
     "drop_forwarded_kwargs": DropForwardedKwargs,
     "optional_imports": OptionalImports,

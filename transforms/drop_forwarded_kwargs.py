@@ -77,6 +77,13 @@ class DropForwardedKwargs(Transform):
     recipe lists in ``keep`` (by name, or ``Class.method``) keeps its parameter.  Imports
     that only the dropped annotations used go with them.  Lambdas are left alone.
 
+    The parameter passed on whole as a keyword's value (5.24's ``cache.update(k, v,
+    layer_idx, kwargs=kwargs)``) is the empty dict it would be: the argument becomes
+    ``{}``::
+
+        kwargs=kwargs                                                               # before
+        kwargs={}                                                                   # after
+
     A statement that only pops a named key, its value discarded, shapes nothing but
     what is passed on: it goes with the parameter (GPT-2 5.x's model forward)::
 
@@ -104,7 +111,9 @@ class DropForwardedKwargs(Transform):
         if candidates:
             self._settle(candidates)
         self._parameters = {id(function.params) for function, _ in candidates.values()}
-        self._arguments = {id(arg) for _, args in candidates.values() for arg in args} | self._unread_arguments
+        self._arguments = {id(arg) for _, args in candidates.values() for arg in args if arg.star == "**"} \
+            | self._unread_arguments
+        self._emptied = {id(arg) for _, args in candidates.values() for arg in args if arg.keyword is not None}
         for function, _ in candidates.values():
             self._remove_imports(function.params.star_kwarg)
         calls = {id(call): call for _, args in candidates.values() for arg in args
@@ -153,7 +162,8 @@ class DropForwardedKwargs(Transform):
                 if not inline:
                     self.report(read, f"{kept}: a nested function, lambda or class body uses it")
                     return None
-                if not (isinstance(arg, cst.Arg) and arg.star == "**" and isinstance(index.parent(arg), cst.Call)):
+                if not (isinstance(arg, cst.Arg) and isinstance(index.parent(arg), cst.Call)
+                        and (arg.star == "**" or (arg.star == "" and arg.keyword is not None))):
                     self.report(read, f"{kept}: used other than as a `**{name}` argument")
                     return None
                 forwarded.append(arg)
@@ -211,6 +221,10 @@ class DropForwardedKwargs(Transform):
         return cst.RemoveFromParent() if id(original_node) in self._dropped_lines else updated_node
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        if any(id(arg) in self._emptied for arg in original_node.args):
+            updated_node = updated_node.with_changes(args=[
+                new.with_changes(value=cst.Dict([])) if id(old) in self._emptied else new
+                for old, new in zip(original_node.args, updated_node.args)])
         keep = [id(arg) not in self._arguments for arg in original_node.args]
         if all(keep):
             return updated_node

@@ -294,6 +294,21 @@ def test_discarded_pops_of_named_keys_go_with_the_parameter() -> None:
     assert_unchanged(DropForwardedKwargs, kept)  # another use keeps the parameter and its pops
 
 
+def test_kwargs_passed_whole_as_a_keyword_value_become_the_empty_dict() -> None:
+    """5.24's attention hands its options to the cache's update as one dict (``kwargs=kwargs``)."""
+    assert_rewrites(DropForwardedKwargs, """\
+        def forward(self, x, cache=None, **kwargs):
+            if cache is not None:
+                x = cache.update(x, self.layer_idx, kwargs=kwargs)
+            return self.attn(x, **kwargs)
+        """, """\
+        def forward(self, x, cache=None):
+            if cache is not None:
+                x = cache.update(x, self.layer_idx, kwargs={})
+            return self.attn(x)
+        """)
+
+
 # --- kept, with a warning naming the cause ----------------------------------------------------------------
 
 @pytest.mark.parametrize("body", [
