@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import load_script
 from support import REPO, SUPPORT, TORCHRUN, real_weights
 from support.heads import HEADS as PIPELINED
 from support.heads import head_family_at
@@ -136,7 +137,8 @@ def test_pipelined_head_batches_are_what_users_feed(name: str) -> None:
 
 # Every head pipelined at 4.5.1 (this process's transformers) and at the later releases where all their base
 # families are committed, each release in one launch with that release's transformers first on PYTHONPATH.
-PIPELINED_RELEASES = ["4.5.1"] + [r for r in ("4.57.6", "5.23.0") if all(
+installer = load_script("install_releases")
+PIPELINED_RELEASES = ["4.5.1"] + [r for r in ("4.57.6", installer.verified_releases()[-1]) if all(
     (REPO / "generated_models" / head.base / f"v{r.replace('.', '_')}").is_dir() for head in PIPELINED.values())]
 
 
@@ -144,9 +146,6 @@ PIPELINED_RELEASES = ["4.5.1"] + [r for r in ("4.57.6", "5.23.0") if all(
 def test_two_gloo_ranks_train_every_head_as_one_process(release: str, tmp_path: Path) -> None:
     """pipelining_worker.py, every head of support/heads.py a case of one launch (1F1B, the optimal split): 3 Adam
     steps, losses, gradients and weights torch.equal to one process, and the head's own parameters on rank 1."""
-    from conftest import load_script
-
-    installer = load_script("install_releases")
     first = [] if release == "4.5.1" else [str(installer.install_dir(release))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*first, str(REPO), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
