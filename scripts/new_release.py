@@ -64,7 +64,7 @@ class Converted:
     recipe: Recipe
     sources: dict[str, SourceFile]
     files: dict[PurePosixPath, str]
-    steps: list[tuple[str, str]] | None = None  # each step's code, computed on the first failure to explain
+    steps: list[tuple[str, str]] | None = None  # each step's code, replayed on the first failure to explain
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -124,18 +124,21 @@ def convert(recipe: Recipe, version: str, install: Path) -> Converted:
     return Converted(recipe, sources, render(Conversion(recipe, version, sources, command), recipe.source))
 
 
-def located(message: str) -> tuple[str, str]:
-    """(the code line a converter or check message ends with, ``file:line `code``` as it gives them); "" if none."""
+def located(message: str) -> tuple[str, str, str]:
+    """(the code line a converter or check message ends with, ``file:line `code``` as it gives them, the message
+    without the place when it ends with it: the table shows it in a column of its own); "" if none."""
     found = _SNIPPET.search(message)
     if found is None:
-        return "", ""
+        return "", "", message
     where = re.findall(r"(\S+\.py:\d+)", message[:found.start()])
-    return found.group(1).strip(), f"{where[-1] if where else 'generated'} `{found.group(1).strip()}`"
+    snippet = found.group(1).strip()
+    rest = re.sub(r"\s*(?:at\s+)?\S+\.py:\d+:?\s*$", "", message[:found.start()])
+    return snippet, f"{where[-1] if where else 'generated'} `{snippet}`", rest + message[found.end():]
 
 
 def explain(converted: Converted, version: str, message: str) -> tuple[str, str]:
     """(the transform that wrote the code line ``message`` ends with, that line and its line in the source)."""
-    snippet, line = located(message)
+    snippet, line, _ = located(message)
     if not snippet:
         return "", ""
     recipe = converted.recipe
@@ -155,19 +158,24 @@ def explain(converted: Converted, version: str, message: str) -> tuple[str, str]
     return "", line
 
 
-def check_class(converted: Converted, name: str, version: str, install: Path) -> Verdict:
-    recipe = converted.recipe
+def check_class(converted: Converted, name: str, version: str, install: Path) -> str:
+    """The check's one line when the class fails, "" when it passes."""
     try:
-        passed, line = checks.run(converted.files, recipe, version, checks.Install(install, str(install)),
+        passed, line = checks.run(converted.files, converted.recipe, version, checks.Install(install, str(install)),
                                   compare=True, classes=(name,))
     except UserError as exc:
         passed, line = False, exc.one_line()
-    if passed:
-        return Verdict(recipe.family, name)
-    kind = ("fx" if "torch.fx" in line or "fx graph" in line else
-            "build" if any(word in line for word in _BUILD) else "eval")
-    step, where = explain(converted, version, line)
-    return Verdict(recipe.family, name, line, f"check {kind}" + (f"; {step}" if step else ""), where)
+    return "" if passed else line or "the check failed with no output"
+
+
+def verdict(converted: Converted, name: str, version: str, failure: str) -> Verdict:
+    if not failure:
+        return Verdict(converted.recipe.family, name)
+    kind = ("fx" if "torch.fx" in failure or "fx graph" in failure else
+            "build" if any(word in failure for word in _BUILD) else "eval")
+    step, where = explain(converted, version, failure)
+    return Verdict(converted.recipe.family, name, located(failure)[2], f"check {kind}" + (f"; {step}" if step else ""),
+                   where)
 
 
 def _cell(text: str, limit: int = 300) -> str:
@@ -211,19 +219,21 @@ def _execute(args: argparse.Namespace) -> int:
                 for r in missing for name in r.classes]
     todo: list[tuple[Converted, str]] = []
     for recipe in present:
+        handler.setFormatter(logging.Formatter(f"{PROG}: {recipe.family}: %(message)s"))  # its warnings, named
         try:
             converted = convert(recipe, args.version, install)
         except UserError as exc:
             found = _STEP.search(str(exc))
             step = f"transform {found.group(1)}" if found else "convert"
-            verdicts += [Verdict(recipe.family, name, f"convert: {exc.one_line()}", step, located(str(exc))[1])
-                         for name in recipe.classes]
+            _, where, rest = located(exc.one_line())
+            verdicts += [Verdict(recipe.family, name, f"convert: {rest}", step, where) for name in recipe.classes]
             continue
         todo += [(converted, name) for name in recipe.classes]
     print(f"{PROG}: transformers {args.version}: {len(present)} families converted or tried, checking "
           f"{len(todo)} classes", file=sys.stderr)
     with ThreadPoolExecutor(args.jobs) as pool:  # each check is a process of its own
-        verdicts += pool.map(lambda item: check_class(item[0], item[1], args.version, install), todo)
+        failures = list(pool.map(lambda item: check_class(item[0], item[1], args.version, install), todo))
+    verdicts += [verdict(converted, name, args.version, failure) for (converted, name), failure in zip(todo, failures)]
     order = [recipe.family for recipe in [*missing, *present]]
     verdicts.sort(key=lambda v: order.index(v.family))
     sys.stdout.write(table(verdicts))
