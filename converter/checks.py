@@ -62,11 +62,17 @@ def locate(package: str, version: str, cache_dir: Path) -> Install | None:
     return None
 
 
-def spec(recipe: Recipe, version: str, root: Path, compare: bool) -> dict[str, Any]:
-    """What :mod:`converter.trace_check` needs, from the recipe's family definition."""
+def spec(recipe: Recipe, version: str, root: Path, compare: bool,
+         classes: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """What :mod:`converter.trace_check` needs, from the recipe's family definition.
+
+    ``classes``: the recipe's classes to check (default: all); the check stops at its first failure, so a caller
+    wanting a verdict per class checks one at a time.
+    """
     definition = recipe.definition
     if definition is None:
         raise UserError(f"the {recipe.family} recipe has no family definition to build its classes from")
+    chosen = recipe.classes if classes is None else classes
     return {
         "root": str(root), "package_dir": f"{recipe.family}/{version_dir(version)}",
         "module_file": PurePosixPath(recipe.source).name,
@@ -74,9 +80,9 @@ def spec(recipe: Recipe, version: str, root: Path, compare: bool) -> dict[str, A
         "package": recipe.package, "version": version, "stock_module": recipe.module_name,
         "config": definition.config_path, "shape": definition.verify_shape,
         "config_kwargs": definition.shapes[definition.verify_shape],
-        "classes": {name: definition.classes[name].output for name in recipe.classes},
+        "classes": {name: definition.classes[name].output for name in chosen},
         "inputs": {name: [{"name": spec.name, **spec.to_dict()} for spec in definition.class_inputs(name)]
-                   for name in recipe.classes},
+                   for name in chosen},
         # small and distinct: a length mixed up with another one shows
         "lengths": {name: 5 + 2 * index for index, name in enumerate(definition.lengths)},
         "compare": compare,
@@ -84,14 +90,14 @@ def spec(recipe: Recipe, version: str, root: Path, compare: bool) -> dict[str, A
 
 
 def run(files: dict[PurePosixPath, str], recipe: Recipe, version: str, install: Install,
-        compare: bool) -> tuple[bool, str]:
-    """Run the checks on ``files``: (passed, what was checked or the failure's one line)."""
+        compare: bool, classes: tuple[str, ...] | None = None) -> tuple[bool, str]:
+    """Run the checks on ``files`` (of ``classes``, default all): (passed, what was checked or the failure's line)."""
     with tempfile.TemporaryDirectory(prefix="convert-model-check-") as scratch:
         root = Path(scratch)
         for relative, text in files.items():
             (root / relative).parent.mkdir(parents=True, exist_ok=True)
             (root / relative).write_text(text, encoding="utf-8")
-        (root / "spec.json").write_text(json.dumps(spec(recipe, version, root, compare)), encoding="utf-8")
+        (root / "spec.json").write_text(json.dumps(spec(recipe, version, root, compare, classes)), encoding="utf-8")
         paths = [str(installs.REPO)]
         if install.directory is not None:
             paths.insert(0, str(install.directory))  # that release, and not the one a PYTHONPATH may name

@@ -81,6 +81,15 @@ def verified_releases() -> list[str]:
     return sorted(versions, key=ReleaseNumber.parse)
 
 
+def pinned_requirements(words: list[str], where: str) -> tuple[str, ...]:
+    """``words`` if each is a pinned requirement ``name==version`` other than transformers; ``where`` names them."""
+    for requirement in words:
+        if not _REQUIREMENT.fullmatch(requirement) or requirement.lower().startswith("transformers=="):
+            raise ReleaseListError(f"{where}: {requirement!r} is not a pinned requirement name==version "
+                                   "(other than transformers itself)")
+    return tuple(words)
+
+
 def read_eras(path: Path = ERAS_FILE) -> list[Era]:
     """The era list: ``<release range> <name>==<version>...`` per line, ``#`` comments."""
     eras = []
@@ -93,12 +102,7 @@ def read_eras(path: Path = ERAS_FILE) -> list[Era]:
             releases = VersionRange.parse(words[0])
         except VersionError as error:
             raise ReleaseListError(f"{where}: {error}") from None
-        requirements = tuple(words[1:])
-        for requirement in requirements:
-            if not _REQUIREMENT.fullmatch(requirement) or requirement.lower().startswith("transformers=="):
-                raise ReleaseListError(f"{where}: {requirement!r} is not a pinned requirement name==version "
-                                       "(other than transformers itself)")
-        eras.append(Era(where, releases, requirements))
+        eras.append(Era(where, releases, pinned_requirements(words[1:], where)))
     if not eras:
         raise ReleaseListError(f"{path}: no eras listed")
     return eras

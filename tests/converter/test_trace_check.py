@@ -40,6 +40,14 @@ def _patched(tmp_path: Path, needle: str, replacement: str) -> tuple[Path, int]:
     return module, source[:source.index(needle)].count("\n") + 1
 
 
+def test_a_check_of_chosen_classes_builds_and_runs_only_those(tmp_path: Path) -> None:
+    """One class at a time: how scripts/new_release.py gives a verdict per class (the check stops at a failure)."""
+    chosen = spec(get_recipe("t5"), "4.5.1", tmp_path, compare=True, classes=("T5EncoderModel",))
+    assert list(chosen["classes"]) == list(chosen["inputs"]) == ["T5EncoderModel"]
+    code, message = check({**chosen, "root": str(GENERATED)})
+    assert code == 0 and message.startswith("1 classes,"), message
+
+
 def test_a_data_dependent_branch_is_reported_with_its_generated_line(tmp_path: Path) -> None:
     needle = "        variance = hidden_states.to(torch.float32).pow(2).mean(-1, keepdim=True)\n"
     _, line = _patched(tmp_path, needle, needle + "        if variance.sum() > 0:\n            variance = variance * 1\n")
