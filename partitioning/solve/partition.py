@@ -49,21 +49,34 @@ def check_stage_count(blocks: int, stages: int) -> None:
 
 def min_max_split(n: int, k: int, cost: Callable[[int, int, int], float],
                   allowed: Callable[[int, int, int], bool] = lambda s, i, j: True,
-                  cut_weight: Callable[[int], int] = lambda j: 0) -> list[Segment] | None:
-    """Split ``n`` items into ``k`` non-empty contiguous segments with the least sorted costs (see below).
+                  cut_weight: Callable[[int], int] = lambda j: 0, spread: bool = True) -> list[Segment] | None:
+    """Split ``n`` items into ``k`` non-empty contiguous segments with the least largest ``cost(stage, i, j)``.
 
-    The costs ``cost(stage, i, j)`` of a split, sorted from the largest down, are compared lexicographically:
-    the least bottleneck first, then among equal bottlenecks the least second-largest cost, and so on (so
-    work moves off the busiest segments onto the idle ones wherever the bottleneck allows).  Only segments
-    with ``allowed(stage, i, j)`` are used.  Ties: least total ``cut_weight`` over the cuts, then the
-    lexicographically smallest segment ends.  None when no split is allowed.  O(k * n^2) cost evaluations,
-    each merged into a sorted vector of at most k costs.
+    With ``spread``, among those the least sorted costs: the costs of a split, from the largest down, compared
+    lexicographically (the bottleneck, then the second-largest cost, and so on), so work moves off the busiest
+    segments onto the idle ones wherever the bottleneck allows; without it (a placement that follows published
+    layouts) any split within the bottleneck.  Only segments with ``allowed(stage, i, j)`` are used.  Ties:
+    least total ``cut_weight`` over the cuts, then the lexicographically smallest segment ends.  None when no
+    split is allowed.  O(k * n^2) cost evaluations, with ``spread`` each merged into at most k sorted costs.
     """
     check_stage_count(n, k)
-    # best[s][i]: for items i.. in stages s..k-1 (suffix form, so the stage index, which the memory of a
-    # stage depends on, is known at every step), the least (costs sorted descending, cut weight), or None;
-    # end[s][i]: the smallest end of stage s reaching it.  Adding one cost to two sorted vectors keeps their
-    # strict order, so a split is optimal exactly when every suffix of it is: the DP and the walk are exact.
+    inf = math.inf
+    # least[s][i]: smallest bottleneck for items i.. in stages s..k-1 (suffix form, so the stage index, which the
+    # memory of a stage depends on, is known at every step).
+    least = [[inf] * (n + 1) for _ in range(k + 1)]
+    least[k][n] = -inf
+    for s in range(k - 1, -1, -1):
+        for i in range(s, n - (k - s) + 1):
+            for j in range(i, n - (k - s - 1)):
+                if least[s + 1][j + 1] < inf and allowed(s, i, j):
+                    least[s][i] = min(least[s][i], max(cost(s, i, j), least[s + 1][j + 1]))
+    bottleneck = least[0][0]
+    if bottleneck == inf:
+        return None
+    # Among splits whose every segment costs <= bottleneck, best[s][i]: the least (costs sorted descending, or
+    # none without spread; cut weight) of the suffix, None if there is none; end[s][i]: the smallest end of
+    # stage s reaching it.  Adding one cost to two sorted vectors keeps their strict order, so a split is
+    # optimal exactly when every suffix of it is: the DP and the walk are exact.
     best: list[list[tuple[tuple[float, ...], int] | None]] = [[None] * (n + 1) for _ in range(k + 1)]
     best[k][n] = ((), 0)
     end = [[-1] * (n + 1) for _ in range(k)]
@@ -71,14 +84,12 @@ def min_max_split(n: int, k: int, cost: Callable[[int, int, int], float],
         for i in range(s, n - (k - s) + 1):
             for j in range(i, n - (k - s - 1)):
                 rest = best[s + 1][j + 1]
-                if rest is None or not allowed(s, i, j):
+                if rest is None or not allowed(s, i, j) or (here := cost(s, i, j)) > bottleneck:
                     continue
-                key = (_merged(cost(s, i, j), rest[0]), rest[1] + (cut_weight(j) if s < k - 1 else 0))
+                key = (_merged(here, rest[0]) if spread else (), rest[1] + (cut_weight(j) if s < k - 1 else 0))
                 current = best[s][i]
                 if current is None or key < current:  # strictly: the smallest end is kept on a tie
                     best[s][i], end[s][i] = key, j
-    if best[0][0] is None:
-        return None
     segments, i = [], 0
     for s in range(k):
         segments.append((i, end[s][i]))
