@@ -165,6 +165,12 @@ class Plan:
         return max(stage.cost for stage in self.stages)
 
     @property
+    def loads(self) -> tuple[float, ...]:
+        """The stage costs from the largest down: the partitioner minimizes them lexicographically (the bottleneck
+        first, then the next-busiest stage...; :func:`partitioning.solve.partition.min_max_split`)."""
+        return tuple(sorted((stage.cost for stage in self.stages), reverse=True))
+
+    @property
     def ideal(self) -> float:
         """Perfect balance of compute alone: the bound no contiguous split can beat."""
         return sum(stage.compute for stage in self.stages) / len(self.stages)

@@ -9,8 +9,10 @@ two sub-layers save is counted twice).  Every split of the layer chain is a
 split of the sub-layer chain with the same cost, so with no memory limit the
 optimal sub-layer plan is never worse; it is better where cutting inside a
 layer balances the stages more than the extra tensors crossing there cost.
-``auto`` plans both and keeps the sub-layer plan only when its bottleneck is
-lower (memory limits are checked on each chain's own estimate).
+``auto`` plans both and keeps the sub-layer plan only when its stage costs,
+sorted from the largest down, are lower (the bottleneck first: the
+partitioner's own order, :func:`partitioning.solve.partition.min_max_split`;
+memory limits are checked on each chain's own estimate).
 """
 
 from __future__ import annotations
@@ -92,4 +94,4 @@ def choose(sublayer_chain: Chain, layer_lists: Sequence[str],
     if len({plan.settings.get("micro_batches") for plan, _ in candidates}) > 1:
         # --schedule auto chose different micro-batch counts: their stage costs are per different micro-batches
         return min(candidates, key=lambda c: c[0].prediction["step_time"])
-    return min(candidates, key=lambda c: c[0].bottleneck)  # min keeps the first (layers) on a tie
+    return min(candidates, key=lambda c: c[0].loads)  # min keeps the first (layers) on a tie

@@ -123,7 +123,8 @@ def rebalance(plan: Plan, ipus: int, users: Sequence[Sequence[str]],
         return occupied(s, i, j) and fits(s, group, moved_in)
 
     # When nothing fits, the best split regardless of memory lets validation name the IPU and term that overflow.
-    segments = (min_max_split(len(names), ipus, cost, within_memory)
-                or min_max_split(len(names), ipus, cost, occupied))
+    # Not spread: the layouts stay optimum-graphcore's published ones (the embedding and head alone on IPU 0).
+    segments = (min_max_split(len(names), ipus, cost, within_memory, spread=False)
+                or min_max_split(len(names), ipus, cost, occupied, spread=False))
     assert segments is not None  # enough blocks stay outside IPU 0's shared users: checked above
     return [tuple(names[i:j + 1]) for i, j in segments]

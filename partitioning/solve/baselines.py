@@ -110,6 +110,7 @@ def parameter_balanced_split(blocks: Sequence[Block], stages: int, shared_bytes:
     prefix = [0]
     for weight in weights:
         prefix.append(prefix[-1] + weight)
-    segments = min_max_split(len(blocks), stages, lambda s, i, j: float(prefix[j + 1] - prefix[i]))
+    # Not spread: among equal bottlenecks the spreading is this partitioner's, not DeepSpeed's.
+    segments = min_max_split(len(blocks), stages, lambda s, i, j: float(prefix[j + 1] - prefix[i]), spread=False)
     assert segments is not None  # no constraint: every split is allowed
     return segments

@@ -3,15 +3,22 @@
 A stage costs, per micro-batch, its forward + backward compute plus the time
 to send the tensors crossing its outgoing cut, plus the time to recompute the
 values it chooses to recompute rather than receive
-(:mod:`partitioning.solve.costs`).  The split minimizes the bottleneck (the
-most expensive stage), subject to a per-device memory limit.  Because the
+(:mod:`partitioning.solve.costs`).  The split minimizes the stage costs
+sorted from the largest down, lexicographically: the bottleneck (the most
+expensive stage) first, then among splits with that bottleneck the
+next-busiest stage, and so on, subject to a per-device memory limit.  So a
+stage the bottleneck leaves room for gets work (where an LM head alone sets
+the bottleneck, the layers spread over the other stages instead of leaving
+one with nothing but a norm).  Because the
 recompute-or-send choice is made per value, not per split, it can move time
 onto a stage that becomes the bottleneck: the partitioner also plans with
-every value sent and keeps that plan when its bottleneck is strictly lower.
-Ties are broken exactly: among splits with the same bottleneck, the least
-total bytes over the cuts, then the lexicographically smallest stage ends.
-Every comparison is between floats computed the same way from exact segment
-sums (``math.fsum`` is correctly rounded), so no epsilon is involved.
+every value sent and keeps that plan when its sorted costs are lower.
+Remaining ties are broken exactly: the least total bytes over the cuts, then
+the lexicographically smallest stage ends.  Every comparison is between
+stage costs, each computed the same way from exact segment sums
+(``math.fsum`` is correctly rounded) whatever split it is part of, and none
+is added to another: two bottlenecks are equal when they are the same float,
+and no epsilon is involved.
 """
 
 from __future__ import annotations
@@ -42,46 +49,58 @@ def check_stage_count(blocks: int, stages: int) -> None:
 
 def min_max_split(n: int, k: int, cost: Callable[[int, int, int], float],
                   allowed: Callable[[int, int, int], bool] = lambda s, i, j: True,
-                  cut_weight: Callable[[int], int] = lambda j: 0) -> list[Segment] | None:
-    """Split ``n`` items into ``k`` non-empty contiguous segments minimizing the largest ``cost(stage, i, j)``.
+                  cut_weight: Callable[[int], int] = lambda j: 0, spread: bool = True) -> list[Segment] | None:
+    """Split ``n`` items into ``k`` non-empty contiguous segments with the least largest ``cost(stage, i, j)``.
 
-    Only segments with ``allowed(stage, i, j)`` are used.  Ties: least total
-    ``cut_weight`` over the cuts, then the lexicographically smallest segment
-    ends.  None when no split is allowed.  O(k * n^2) cost evaluations.
+    With ``spread``, among those the least sorted costs: the costs of a split, from the largest down, compared
+    lexicographically (the bottleneck, then the second-largest cost, and so on), so work moves off the busiest
+    segments onto the idle ones wherever the bottleneck allows; without it (a placement that follows published
+    layouts) any split within the bottleneck.  Only segments with ``allowed(stage, i, j)`` are used.  Ties:
+    least total ``cut_weight`` over the cuts, then the lexicographically smallest segment ends.  None when no
+    split is allowed.  O(k * n^2) cost evaluations, with ``spread`` each merged into at most k sorted costs.
     """
     check_stage_count(n, k)
     inf = math.inf
-    # best[s][i]: smallest bottleneck for items i.. in stages s..k-1 (suffix form, so the
-    # stage index, which the memory of a stage depends on, is known at every step).
-    best = [[inf] * (n + 1) for _ in range(k + 1)]
-    best[k][n] = -inf
+    # least[s][i]: smallest bottleneck for items i.. in stages s..k-1 (suffix form, so the stage index, which the
+    # memory of a stage depends on, is known at every step).
+    least = [[inf] * (n + 1) for _ in range(k + 1)]
+    least[k][n] = -inf
     for s in range(k - 1, -1, -1):
         for i in range(s, n - (k - s) + 1):
             for j in range(i, n - (k - s - 1)):
-                if best[s + 1][j + 1] < inf and allowed(s, i, j):
-                    best[s][i] = min(best[s][i], max(cost(s, i, j), best[s + 1][j + 1]))
-    bottleneck = best[0][0]
+                if least[s + 1][j + 1] < inf and allowed(s, i, j):
+                    least[s][i] = min(least[s][i], max(cost(s, i, j), least[s + 1][j + 1]))
+    bottleneck = least[0][0]
     if bottleneck == inf:
         return None
-    # Among splits whose every stage costs <= bottleneck, least total cut weight.
-    weight: list[list[float]] = [[inf] * (n + 1) for _ in range(k + 1)]
-    weight[k][n] = 0
+    # Among splits whose every segment costs <= bottleneck, best[s][i]: the least (costs sorted descending, or
+    # none without spread; cut weight) of the suffix, None if there is none; end[s][i]: the smallest end of
+    # stage s reaching it.  Adding one cost to two sorted vectors keeps their strict order, so a split is
+    # optimal exactly when every suffix of it is: the DP and the walk are exact.
+    best: list[list[tuple[tuple[float, ...], int] | None]] = [[None] * (n + 1) for _ in range(k + 1)]
+    best[k][n] = ((), 0)
+    end = [[-1] * (n + 1) for _ in range(k)]
     for s in range(k - 1, -1, -1):
         for i in range(s, n - (k - s) + 1):
             for j in range(i, n - (k - s - 1)):
-                if weight[s + 1][j + 1] < inf and allowed(s, i, j) and cost(s, i, j) <= bottleneck:
-                    cut = cut_weight(j) if s < k - 1 else 0
-                    weight[s][i] = min(weight[s][i], cut + weight[s + 1][j + 1])
+                rest = best[s + 1][j + 1]
+                if rest is None or not allowed(s, i, j) or (here := cost(s, i, j)) > bottleneck:
+                    continue
+                key = (_merged(here, rest[0]) if spread else (), rest[1] + (cut_weight(j) if s < k - 1 else 0))
+                current = best[s][i]
+                if current is None or key < current:  # strictly: the smallest end is kept on a tie
+                    best[s][i], end[s][i] = key, j
     segments, i = [], 0
     for s in range(k):
-        for j in range(i, n - (k - s - 1)):  # the first (smallest) end that stays optimal
-            cut = cut_weight(j) if s < k - 1 else 0
-            if (allowed(s, i, j) and cost(s, i, j) <= bottleneck and weight[s + 1][j + 1] < inf
-                    and cut + weight[s + 1][j + 1] == weight[s][i]):
-                segments.append((i, j))
-                i = j + 1
-                break
+        segments.append((i, end[s][i]))
+        i = end[s][i] + 1
     return segments
+
+
+def _merged(cost: float, costs: tuple[float, ...]) -> tuple[float, ...]:
+    """``costs`` (sorted from the largest down) with ``cost`` added in its place."""
+    at = next((index for index, other in enumerate(costs) if other < cost), len(costs))
+    return (*costs[:at], cost, *costs[at:])
 
 
 def build_plan(blocks: Sequence[Block], segments: Sequence[Segment], settings: Settings,
@@ -117,7 +136,7 @@ def partition(blocks: Sequence[Block], stages: int, settings: Settings, model: d
     if costs.recomputed:
         sent = ChainCosts(blocks, replace(settings, recompute=False), (model or {}).get("shared_bytes"), values)
         other = _optimal(blocks, stages, sent, model or {})
-        if other is not None and (plan is None or other.bottleneck < plan.bottleneck):
+        if other is not None and (plan is None or other.loads < plan.loads):
             plan, costs = other, sent
     if plan is None and settings.memory_limit is None or plan is not None and not math.isfinite(plan.bottleneck):
         raise UserError(f"the stage times overflow (device {settings.device_flops:.3g} FLOP/s, link "

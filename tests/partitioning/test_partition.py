@@ -23,8 +23,10 @@ def chain(flops: list[int], out: list[int] | None = None, params: list[int] | No
     return [Block(f"b{i}", (f"m{i}",), float(flops[i]), params[i], out[i], acts[i]) for i in range(n)]
 
 
-def brute_force(blocks: list[Block], k: int, s: Settings) -> tuple[float, int, tuple[int, ...]] | None:
-    """Every split, costed from the definitions: (bottleneck, bytes over the cuts, stage ends), the least."""
+def brute_force(blocks: list[Block], k: int, s: Settings
+                ) -> tuple[tuple[float, ...], int, tuple[int, ...]] | None:
+    """Every split, costed from the definitions: (stage costs from the largest down, bytes over the cuts, stage
+    ends), the least."""
     n, best = len(blocks), None
     for cuts in itertools.combinations(range(n - 1), k - 1):
         ends = (*cuts, n - 1)
@@ -39,7 +41,7 @@ def brute_force(blocks: list[Block], k: int, s: Settings) -> tuple[float, int, t
                       + in_flight * sum(b.activation_bytes for b in part))
             fits = fits and (s.memory_limit is None or memory <= s.memory_limit)
         if fits:
-            key = (max(costs), sum(blocks[c].out_bytes for c in cuts), ends)
+            key = (tuple(sorted(costs, reverse=True)), sum(blocks[c].out_bytes for c in cuts), ends)
             best = key if best is None or key < best else best
     return best
 
@@ -77,7 +79,8 @@ def test_partition_equals_brute_force_including_ties(problem: tuple[list[Block],
     plan = partition(blocks, k, s)
     ends = tuple(blocks.index(next(b for b in blocks if b.name == stage.blocks[-1])) for stage in plan.stages)
     cut_bytes = sum(blocks[j].out_bytes for j in ends[:-1])
-    assert (plan.bottleneck, cut_bytes, ends) == expected
+    assert (tuple(sorted((stage.cost for stage in plan.stages), reverse=True)), cut_bytes, ends) == expected
+    assert plan.loads == expected[0] and plan.bottleneck == expected[0][0]
     if s.memory_limit is not None:
         assert all(stage.memory_bytes <= s.memory_limit for stage in plan.stages)
 
