@@ -98,8 +98,17 @@ def plans(family: str, release: str) -> Checks:
 
 def run_worker(kind: str, release: str, families: list[str], scratch: Path) -> dict[str, Checks | str]:
     """family -> its checks, or the reason the worker gave none."""
-    out = scratch / f"{kind}-{release}.json"
     started = time.monotonic()
+    try:
+        results = _run_worker(kind, release, families, scratch / f"{kind}-{release}.json")
+    except subprocess.TimeoutExpired as timeout:  # a worker past its limit: its cells fail, the table is still written
+        results = {family: f"timed out after {timeout.timeout:.0f} s" for family in families}
+    print(f"release-table: transformers {release} ({', '.join(families)}): {time.monotonic() - started:.0f} s",
+          file=sys.stderr)
+    return results
+
+
+def _run_worker(kind: str, release: str, families: list[str], out: Path) -> dict[str, Checks | str]:
     if kind == "t5":
         package = GENERATED / "t5" / version_dir(release) / "modeling_t5.py"
         _, record, stderr = t5_worker.run_in_subprocess(release, install_dir(release), package, out)
@@ -111,8 +120,6 @@ def run_worker(kind: str, release: str, families: list[str], scratch: Path) -> d
         for family in families:
             if isinstance(results[family], dict):
                 results[family] = {**results[family], **plans(family, release)}  # type: ignore[dict-item]
-    print(f"release-table: transformers {release} ({', '.join(families)}): {time.monotonic() - started:.0f} s",
-          file=sys.stderr)
     return results
 
 
