@@ -111,6 +111,10 @@ class Checkpoint:
                     value = self._handles[path].get_tensor(key)
             except Exception as exc:  # noqa: BLE001 (a file truncated after its header was read)
                 raise UserError(f"cannot read {key} from {path}: {' '.join(str(exc).split())[:200]}") from None
+            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                what = "NaN" if bool(torch.isnan(value).any()) else "an infinite value"
+                raise UserError(f"checkpoint {self.directory}: {key} holds {what}: a model of non-finite weights "
+                                f"trains to NaN (give a checkpoint of finite weights)")
             found[key] = value
             self.loaded.append(key)
         return found

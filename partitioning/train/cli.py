@@ -173,7 +173,7 @@ def _execute(request: Request, shown: Request) -> int:
     from partitioning.gpu.pipelining import splits_backward
     from partitioning.gpu.schedule_stages import check_placement
     from partitioning.train.checkpoint import Checkpoint
-    from partitioning.train.data import read_dataset
+    from partitioning.train.data import check_learnable, read_dataset
     from partitioning.train.model import build_meta, check_checkpoint
     from partitioning.train.save import check_save_dir, read_state
     from partitioning.train.stage import plan_model, settings_of
@@ -196,7 +196,8 @@ def _execute(request: Request, shown: Request) -> int:
     source = Checkpoint(request.resume or request.checkpoint)  # type: ignore[arg-type]
     check_checkpoint(build_meta(family, class_name, config), source, family, class_name, config)
     assert request.data is not None
-    read_dataset(request.data, specs, config, micro_batch, micro_batch.batch * micro_batches)
+    dataset = read_dataset(request.data, specs, config, micro_batch, micro_batch.batch * micro_batches)
+    check_learnable(dataset, specs, family.definition.classes[class_name].causal_lm, request.data)
     if request.save is not None:
         check_save_dir(request.save)
     ranks = stages * request.data_parallel

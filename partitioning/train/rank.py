@@ -56,13 +56,14 @@ def train(request: Request, device: torch.device) -> StageModel:
         began = time.perf_counter()
         batch = stage.shard(data.batch(step, size, request.seed)) if data is not None else None
         losses = stage.step(batch)
+        done = step + 1
+        check_finite(stage, losses, done)
         if request.clip_grad is not None:
             stage.clip_grad_norm_(request.clip_grad)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad()
-        done = step + 1
         if last and (done % request.log_every == 0 or done == request.steps):
             mean = torch.stack([value.detach() for value in losses]).mean()
             if replicas > 1:  # the mean over every replica's micro-batches (the last stages' group)
@@ -80,6 +81,25 @@ def train(request: Request, device: torch.device) -> StageModel:
             if last and stage.replica == 0:
                 print(f"saved step {done} to {request.save}", flush=True)
     return stage
+
+
+def check_finite(stage: StageModel, losses: list[torch.Tensor], done: int) -> None:
+    """Stop every rank of the run in one line when step ``done``'s loss or gradient norm is not finite: before its
+    optimizer step, so nothing of it is trained or saved (a collective over every rank; the last save stays)."""
+    bad = torch.zeros(4, device=stage.device)  # loss NaN, loss infinite, gradient norm NaN, gradient norm infinite
+    if losses:
+        values = torch.stack([value.detach().float() for value in losses])
+        bad[0], bad[1] = values.isnan().any(), values.isinf().any()
+    grads = [p.grad for p in stage.parameters() if p.grad is not None]
+    if grads:
+        norms = torch.stack(torch._foreach_norm(grads, 2.0)).float()
+        bad[2], bad[3] = norms.isnan().any(), norms.isinf().any()
+    dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    if bool(bad.any()):
+        what = ["the loss is NaN", "the loss is infinite", "the gradient norm is NaN", "the gradient norm is infinite"]
+        causes = " and ".join(text for text, flag in zip(what, bad.tolist()) if flag)
+        raise UserError(f"step {done}: {causes} (a micro-batch whose labels are all -100, a learning rate that "
+                        f"diverged): stopped before its optimizer step, nothing of it saved")
 
 
 def main(argv: list[str] | None = None) -> int:
