@@ -55,6 +55,7 @@ class Request:
     models_dir: Path | None = None  # the generated code (default: the directory the plan records)
     text: Path | None = None  # raw text for a causal LM, with the tokenizer directory
     tokenizer: Path | None = None
+    config_from_checkpoint: bool = False  # config fields the plan has otherwise: the checkpoint's (with a warning)
     verbose: bool = False
 
 
@@ -121,6 +122,10 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--rdzv-endpoint", type=_endpoint, help="HOST:PORT of node 0 (the rendezvous)")
     parser.add_argument("--models-dir", type=nonempty_path, metavar="DIR",
                         help="import the generated code from DIR (default: the directory the plan records)")
+    parser.add_argument("--config-from-checkpoint", action="store_true",
+                        help="where the checkpoint's config differs from the plan's in a field other than a size "
+                             "(dropout, eps, rope, activation, token ids): train the checkpoint's value, with a "
+                             "warning naming each field (default: refuse)")
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser
 
@@ -174,7 +179,7 @@ def _execute(request: Request, shown: Request) -> int:
     from partitioning.gpu.schedule_stages import check_placement
     from partitioning.train.checkpoint import Checkpoint
     from partitioning.train.data import check_learnable, read_dataset
-    from partitioning.train.model import build_meta, check_checkpoint
+    from partitioning.train.model import build_meta, check_checkpoint, check_tied, checkpoint_config
     from partitioning.train.save import check_save_dir, read_state
     from partitioning.train.stage import plan_model, settings_of
 
@@ -194,7 +199,13 @@ def _execute(request: Request, shown: Request) -> int:
             raise UserError(f"--resume {request.resume} is at step {state['step']}: --steps {request.steps} "
                             f"leaves nothing to do")
     source = Checkpoint(request.resume or request.checkpoint)  # type: ignore[arg-type]
-    check_checkpoint(build_meta(family, class_name, config), source, family, class_name, config)
+    config, taken = checkpoint_config(config, source, family, class_name, request.config_from_checkpoint)
+    if taken:
+        print(f"{PROG}: warning: training the checkpoint's config where the plan's differs: {', '.join(taken)}",
+              file=sys.stderr)
+    meta = build_meta(family, class_name, config)
+    check_checkpoint(meta, source, family, class_name, config)
+    check_tied(meta, source)
     assert request.data is not None
     dataset = read_dataset(request.data, specs, config, micro_batch, micro_batch.batch * micro_batches)
     check_learnable(dataset, specs, family.definition.classes[class_name].causal_lm, request.data)

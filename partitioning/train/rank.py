@@ -35,7 +35,7 @@ def train(request: Request, device: torch.device) -> StageModel:
     replicas = request.data_parallel
     state = read_state(request.resume, stages, replicas) if request.resume is not None else None
     stage = load_stage(plan, request.resume or request.checkpoint, device, request.micro_batches,  # type: ignore[arg-type]
-                       replicas, request.models_dir, request.tied_sum, request.dtype)
+                       replicas, request.models_dir, request.tied_sum, request.dtype, request.config_from_checkpoint)
     torch.manual_seed(request.seed + dist.get_rank())  # each rank's own stream (dropout): saved and restored
     size = stage.micro_batch.batch * stage.micro_batches * replicas  # a step's examples, all replicas together
     data = (read_dataset(request.data, stage.specs, stage.config, stage.micro_batch, size)
