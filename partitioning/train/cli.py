@@ -13,14 +13,19 @@ one line naming the rank, the others are stopped, exit 2.
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from common.cli import Parser, count, nonempty_path, positive_int, positive_number, run
 from common.errors import UserError
+
+if TYPE_CHECKING:
+    from partitioning.plan import Plan
 
 PROG = "train-model"
 RANK_MODULE = "partitioning.train.rank"
@@ -198,6 +203,7 @@ def _execute(request: Request, shown: Request) -> int:
         if state["step"] >= request.steps:
             raise UserError(f"--resume {request.resume} is at step {state['step']}: --steps {request.steps} "
                             f"leaves nothing to do")
+        check_resumed(request, state, kept_settings(request, plan, micro_batches))
     source = Checkpoint(request.resume or request.checkpoint)  # type: ignore[arg-type]
     config, taken = checkpoint_config(config, source, family, class_name, request.config_from_checkpoint)
     if taken:
@@ -235,6 +241,39 @@ def _execute(request: Request, shown: Request) -> int:
             tidy(request.save)
         raise
     return 0
+
+
+# What a resumed run keeps of the run it continues, each with the flags that set it.
+_KEPT = {"seed": "--seed", "micro_batches": "--micro-batches", "lr": "--lr", "weight_decay": "--weight-decay",
+         "betas": "--betas", "eps": "--eps", "warmup_steps": "--warmup-steps", "decay": "--decay",
+         "schedule_steps": "--decay-steps (else --steps)", "stage_starts": "the plan's cuts",
+         "placement": "the plan's placement"}
+
+
+def kept_settings(request: Request, plan: Plan, micro_batches: int) -> dict[str, Any]:
+    """The settings of a run that a ``--resume`` of its save must repeat (saved in train_state.json), as JSON
+    holds them: the data order, the optimizer and its schedule (their state is restored as saved), the stages."""
+    settings = {"seed": request.seed, "micro_batches": micro_batches, "lr": request.lr,
+                "weight_decay": request.weight_decay, "betas": list(request.betas), "eps": request.eps,
+                "warmup_steps": request.warmup_steps, "decay": request.decay,
+                "schedule_steps": request.decay_steps or request.steps,
+                "stage_starts": [stage.blocks[0] for stage in plan.stages], "placement": plan.ranks}
+    return json.loads(json.dumps(settings))
+
+
+def check_resumed(request: Request, state: dict[str, Any], kept: dict[str, Any]) -> None:
+    """A resumed run continues the saved one exactly; a setting given otherwise would be ignored (the optimizer's
+    and schedule's state are restored as saved) or would change the run silently (the data order, the schedule's
+    span), so each is refused.  A save written before these were recorded is compared on its stages alone."""
+    for key, flag in _KEPT.items():
+        if key in state and state[key] != kept[key]:
+            raise UserError(f"--resume {request.resume} continues a run of {flag} {_shown(state[key])}; this one "
+                            f"has {_shown(kept[key])}: a resumed run keeps the saved run's settings (give them, or "
+                            f"start a new run from its weights with --checkpoint {request.resume})")
+
+
+def _shown(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def to_argv(request: Request) -> list[str]:

@@ -75,6 +75,10 @@ def read_dataset(path: Path, specs: Sequence[InputSpec], config: Any, micro_batc
     """The examples of ``path``, each checked and padded; any bad line is one error naming it."""
     text = read_text(path, "data", MAX_DATA_BYTES)
     pad = config.pad_token_id if isinstance(getattr(config, "pad_token_id", None), int) else 0
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int) and not 0 <= pad < vocab:
+        raise UserError(f"the config's pad_token_id {pad} lies outside the vocabulary [0, {vocab}): padding writes "
+                        f"it as a token id (give a config whose pad_token_id is a token)")
     columns: dict[str, list[torch.Tensor]] = {spec.name: [] for spec in specs}
     count = 0
     marked = [(spec.name, last) for spec in specs if (last := _bound(spec.last, config)) is not None]

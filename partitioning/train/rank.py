@@ -19,7 +19,7 @@ from common.cli import report
 from common.errors import UserError
 from partitioning.files import read_plan
 from partitioning.gpu.train import device_for_rank
-from partitioning.train.cli import PROG, Request, parse
+from partitioning.train.cli import PROG, Request, kept_settings, parse
 from partitioning.train.data import read_dataset
 from partitioning.train.memory import return_large_frees
 from partitioning.train.optim import OptimizerSettings, make_optimizer
@@ -75,7 +75,8 @@ def train(request: Request, device: torch.device) -> StageModel:
                       flush=True)
         if request.save is not None and (done == request.steps or
                                          (request.save_every is not None and done % request.save_every == 0)):
-            run_state = {"step": done, "examples_seen": done * size, "stages": stage.stages, "seed": request.seed}
+            run_state = {"step": done, "examples_seen": done * size, "stages": stage.stages,
+                         **kept_settings(request, plan, stage.micro_batches)}
             save(stage, request.save, training_state(optimizer, scheduler, names), run_state,
                  stage.checkpoint)
             if last and stage.replica == 0:
