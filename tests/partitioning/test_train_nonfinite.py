@@ -30,7 +30,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "gpt2": root / "gpt2", "gpt2_plan": root / "gpt2.json"}
 
 
-def refused(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+def refused(capsys: pytest.CaptureFixture[str], argv: list[str | Path]) -> str:
     code = main([str(part) for part in argv])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and err.startswith("train-model: error: "), err
