@@ -58,9 +58,7 @@ def check_config_values(path: str, kwargs: Mapping[str, Any], sizes: Iterable[st
             continue  # no default to go by (None, lists, dicts): the config class decides
         if not ok:
             raise UserError(f"{where}: {key} must be {kind}, got {value!r:.40}")
-    for key in ("rope_scaling", "rope_parameters"):  # 5.x names it rope_parameters
-        if kwargs.get(key) is not None:
-            check_rope(kwargs[key], f"{where}: {key}")
+    check_rope_fields(kwargs, where)
     for key in sizes:  # a token id every shape sets (GPT-2's pad id) may be 0, as BERT's pad id is
         value, least = kwargs.get(key), 0 if key in TOKEN_IDS else 1
         if key in kwargs and not (isinstance(value, int) and not isinstance(value, bool) and value >= least):
@@ -84,6 +82,13 @@ def make_config(path: str, kwargs: Mapping[str, Any]) -> Any:
 STATIC_ROPE = {"default": (), "linear": ("factor",), "yarn": ("factor",),
                "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
 RUNTIME_ROPE = ("dynamic", "longrope")
+
+
+def check_rope_fields(kwargs: Mapping[str, Any], where: str = "config") -> None:
+    """The rotary scaling of a config's keyword arguments, if it has one (:func:`check_rope`)."""
+    for key in ("rope_scaling", "rope_parameters"):  # 5.x names it rope_parameters
+        if kwargs.get(key) is not None:
+            check_rope(kwargs[key], f"{where}: {key}")
 
 
 def check_rope(value: Any, where: str) -> None:

@@ -24,7 +24,7 @@ from torch import nn
 from common.errors import UserError
 from families.family import ModelFamily
 from families.models import SharedWeight
-from families.shapes import check_config_values, make_config
+from families.shapes import check_rope_fields, make_config
 from partitioning.train.checkpoint import CONFIG, Checkpoint, describe_shape
 from partitioning.train.memory import release_freed_memory
 
@@ -124,7 +124,7 @@ def checkpoint_config(config: Any, checkpoint: Checkpoint, family: ModelFamily, 
     if isinstance(architectures, list) and architectures and class_name not in architectures:
         raise UserError(f"{where} holds a {', '.join(map(str, architectures))}, the plan trains a {class_name}")
     path, replan = family.definition.config_path, f"re-plan with partition-model --config {checkpoint.directory / CONFIG}"
-    check_config_values(path, theirs, (), f"{where}'s {CONFIG}")  # the sizes: compared with the plan's below
+    check_rope_fields(theirs, f"{where}'s {CONFIG}")  # the rest: compared with the plan's below
     try:
         built = make_config(path, theirs)  # its defaults stand where the file (save_pretrained: a diff) has none
     except UserError as exc:
