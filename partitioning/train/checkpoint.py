@@ -100,7 +100,8 @@ class Checkpoint:
             self._file_of[key] = path
 
     def load(self, keys: Iterable[str]) -> dict[str, torch.Tensor]:
-        """The tensors of ``keys`` (each read from its file now), recorded in :attr:`loaded`."""
+        """The tensors of ``keys`` (each read from its file now), recorded in :attr:`loaded`; a floating-point one
+        holding NaN or an infinite value is refused (a model of such weights trains to NaN)."""
         found = {}
         for key in keys:
             path = self._file_of[key]
