@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import errno
 import os
+import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
@@ -54,7 +55,7 @@ from common.journal import (
 )
 from common.write_guard import check_signals, held_signals, locked
 
-__all__ = ["commit_staged", "is_temporary", "recover", "stage", "write_all_atomic", "write_atomic"]
+__all__ = ["cannot_create_in", "commit_staged", "is_temporary", "recover", "stage", "write_all_atomic", "write_atomic"]
 
 
 
@@ -206,3 +207,16 @@ def _commit_plan(plan: list[Entry], new_dirs: list[Path], journal_dir: Path, pen
             entry.backup.unlink(missing_ok=True)
 
 
+def cannot_create_in(directory: Path) -> str | None:
+    """Why no file can be created in the existing ``directory`` (the system's reason), or None where one can.
+
+    Tried, not read off the mode bits: root passes every ``os.access`` test, yet a read-only mount or a kernel
+    file system (``/sys``) refuses it all the same.  The probe is removed at once.
+    """
+    try:
+        fd, name = tempfile.mkstemp(dir=directory, prefix=".write-probe-")
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    os.close(fd)
+    os.unlink(name)
+    return None

@@ -40,7 +40,8 @@ def read_capped(path: Path, limit: int = MAX_SOURCE_BYTES) -> bytes:
 
 
 def read_text(path: Path, what: str, limit: int) -> str:
-    """The UTF-8 text of the user's file ``path`` (``what`` names it in errors), at most ``limit`` bytes."""
+    """The UTF-8 text of the user's file ``path`` (``what`` names it in errors), at most ``limit`` bytes, without
+    a leading byte order mark."""
     try:
         data = read_capped(path, limit)
     except OSError as exc:
@@ -48,7 +49,8 @@ def read_text(path: Path, what: str, limit: int) -> str:
                   else exc.strerror or str(exc))
         raise UserError(f"cannot read {what} {path}: {reason}") from None
     try:
-        return data.decode("utf-8")
+        # a byte order mark (what Windows editors write first) is no text: it would be part of the first word
+        return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
         raise UserError(f"{what} {path} is not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r})") \
             from None

@@ -58,6 +58,7 @@ def check_config_values(path: str, kwargs: Mapping[str, Any], sizes: Iterable[st
             continue  # no default to go by (None, lists, dicts): the config class decides
         if not ok:
             raise UserError(f"{where}: {key} must be {kind}, got {value!r:.40}")
+    check_rope_fields(kwargs, where)
     for key in sizes:  # a token id every shape sets (GPT-2's pad id) may be 0, as BERT's pad id is
         value, least = kwargs.get(key), 0 if key in TOKEN_IDS else 1
         if key in kwargs and not (isinstance(value, int) and not isinstance(value, bool) and value >= least):
@@ -73,6 +74,46 @@ def make_config(path: str, kwargs: Mapping[str, Any]) -> Any:
     except Exception as exc:  # noqa: BLE001 (a config's __init__ may raise anything: a read-only property, a bad enum)
         detail = " ".join(str(exc).split())[:200]
         raise UserError(f"bad {cls.__name__}: {type(exc).__name__}: {detail}") from None
+
+
+# Rotary scalings whose frequencies are computed once, when the model is built, and the keys each needs (a
+# traced stage can run nothing else).  "dynamic" and "longrope" recompute them in the forward from the largest
+# position of each batch: control flow on the data, which no trace (fx, export, pipeline stages) can follow.
+STATIC_ROPE = {"default": (), "linear": ("factor",), "yarn": ("factor",),
+               "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+RUNTIME_ROPE = ("dynamic", "longrope")
+
+
+def check_rope_fields(kwargs: Mapping[str, Any], where: str = "config") -> None:
+    """The rotary scaling of a config's keyword arguments, if it has one (:func:`check_rope`)."""
+    for key in ("rope_scaling", "rope_parameters"):  # 5.x names it rope_parameters
+        if kwargs.get(key) is not None:
+            check_rope(kwargs[key], f"{where}: {key}")
+
+
+def check_rope(value: Any, where: str) -> None:
+    """A rotary scaling the generated models can trace: a static type, with its keys, factors numbers >= 1."""
+    if not isinstance(value, dict):
+        raise UserError(f"{where} must be an object (rope_type, factor, ...), got {value!r:.40}")
+    if value and "rope_type" not in value and "type" not in value and all(isinstance(v, dict) for v in value.values()):
+        for layer_type, each in value.items():  # one per attention type (5.x Gemma 3: sliding, full)
+            check_rope(each, f"{where}.{layer_type}")
+        return
+    kind = value.get("rope_type", value.get("type"))
+    if kind in RUNTIME_ROPE:
+        raise UserError(f"{where}: rope_type {kind!r} recomputes the rotary frequencies from each batch's positions "
+                        f"as the model runs, which a traced pipeline stage cannot (a static type: "
+                        f"{', '.join(STATIC_ROPE)})")
+    if kind not in STATIC_ROPE:
+        raise UserError(f"{where}: unknown rope_type {kind!r} (known: {', '.join(STATIC_ROPE)})")
+    for key in STATIC_ROPE[kind]:
+        if key not in value:
+            raise UserError(f"{where}: rope_type {kind!r} needs {key}")
+    for key in ("factor", "low_freq_factor", "high_freq_factor"):
+        number = value.get(key)
+        if key in value and (isinstance(number, bool) or not isinstance(number, (int, float))
+                             or not math.isfinite(number) or number < 1):
+            raise UserError(f"{where}: {key} must be a number >= 1, got {number!r:.40}")
 
 
 # Special token ids: every config had them (None by default) until transformers 5.0, whose configs

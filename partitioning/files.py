@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from common.atomic import write_all_atomic
+from common.atomic import cannot_create_in, write_all_atomic
 from common.errors import UserError
 from common.files import read_text
 from partitioning.plan import Plan
@@ -57,13 +57,14 @@ def check_destinations(paths: Mapping[str, Path], inputs: Mapping[str, Path | No
             parent = parent.parent
         if not parent.is_dir():
             raise UserError(f"{flag} {path}: {parent} is not a directory")
-        if not os.access(parent, os.W_OK | os.X_OK):
-            raise UserError(f"{flag} {path}: {parent} is not writable")
+        reason = cannot_create_in(parent)
+        if reason is not None:
+            raise UserError(f"{flag} {path}: {parent} is not writable ({reason})")
     root = _journal_dir(list(paths.values()))
     existing = root
     while not existing.exists():
         existing = existing.parent
-    if not os.access(existing, os.W_OK | os.X_OK):
+    if cannot_create_in(existing) is not None:
         raise UserError(f"the outputs ({', '.join(str(p) for p in paths.values())}) are written together, with a "
                         f"journal in their common directory {root}, which is not writable: put them under one "
                         f"writable directory")

@@ -129,7 +129,14 @@ class CostingInterpreter(Interpreter):
         with FlopCounterMode(display=False) as counter:
             self._counter = counter
             with self._recorder, torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor):
-                output = self.run(*args)
+                try:
+                    output = self.run(*args)
+                except AssertionError as exc:
+                    if self._recorder.node is None or self._recorder.node.target is not torch._assert:
+                        raise
+                    # a check of the model's own (a recipe's fact kept as torch._assert) refuses the planned input
+                    said = " ".join(str(exc).split("While executing")[0].split())  # fx appends the node, the graph
+                    raise UserError(f"the model refuses the planned input: {said[:200]}") from None
         self._counter = None
         return output
 

@@ -7,12 +7,14 @@ a rank's failure is one line: the rank's own error, else torchrun's summary.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from common.errors import UserError
@@ -20,7 +22,9 @@ from common.errors import UserError
 TRAIN = "partitioning.gpu.train"  # the module each rank runs; its errors start with its name
 # the lines of torchrun's failure summary that name a failed rank and its exit code (negative: a signal)
 _RANK = re.compile(r"\s*rank\s*: (\d+) \(local_rank")
-_EXITCODE = re.compile(r"\s*exitcode\s*: (-?\d+)")
+_EXITCODE = re.compile(r"\s*exitcode\s*: (-?\d+)(?: \(pid: (\d+)\))?")
+_CLOSING = re.compile(r"Sending process (\d+) closing signal")  # torchrun stopping a rank itself (its log)
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _TRACEBACK = re.compile(r"\s*traceback\s*: (.*)")
 
 
@@ -54,7 +58,7 @@ def run_ranks(module: str, arguments: list[str], ranks: int, prog: str | None = 
 
 def _torchrun(command: list[str], env: dict[str, str], prog: str = TRAIN) -> None:
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                             start_new_session=True)
+                             start_new_session=True, preexec_fn=_stop_with_parent(os.getpid()))
     tail: list[str] = []
     reported: list[str] = []  # a rank's own one-line error says more than torchrun's summary; the first is the cause
     try:
@@ -75,17 +79,36 @@ def _torchrun(command: list[str], env: dict[str, str], prog: str = TRAIN) -> Non
         raise UserError(f"the pipelined run failed (torchrun exit {child.returncode}): {_cause(reported, tail)}")
 
 
+def _stop_with_parent(parent: int) -> Callable[[], None] | None:
+    """What torchrun's process runs before it starts: SIGTERM to it when this process dies, however it dies.
+
+    torchrun runs in its own session, so a SIGKILL of this process alone reaches neither it nor its ranks, which
+    would train on; on SIGTERM torchrun stops its ranks.  Linux's PR_SET_PDEATHSIG (elsewhere: None, nothing)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # this process died before the line above: no signal will come
+            os._exit(1)
+
+    return arm
+
+
 def _cause(reported: list[str], tail: list[str]) -> str:
     """Why the run failed. A rank killed by a signal cannot say so itself, and the errors its peers then report
     ("connection closed by peer") are consequences: the killed rank is the cause. torchrun's summary lists every
-    rank with its exit code (negative: a signal), also those it stopped itself with SIGTERM after the first failure,
-    so a SIGTERM there is torchrun's own, not a cause."""
+    rank with its exit code (negative: a signal) and pid, also those it stopped itself after the first failure,
+    which its log names ("Sending process PID closing signal SIGTERM"): those are not a cause; a SIGTERM it did not
+    send is (someone stopped that rank), after any other signal."""
     ranks = [int(found[1]) for line in tail if (found := _RANK.match(line))]
-    codes = [int(found[1]) for line in tail if (found := _EXITCODE.match(line))]
-    killed = sorted({(rank, -code) for rank, code in zip(ranks, codes, strict=False)
-                     if code < 0 and -code != signal.SIGTERM})
+    exits = [(int(found[1]), found[2]) for line in tail if (found := _EXITCODE.match(line))]
+    closed = {found[1] for line in tail if (found := _CLOSING.search(line))}
+    killed = sorted({(-code == signal.SIGTERM, rank, -code) for rank, (code, pid) in zip(ranks, exits, strict=False)
+                     if code < 0 and (-code != signal.SIGTERM or pid not in closed)})
     if killed:
-        rank, signum = killed[0]
+        _, rank, signum = killed[0]
         try:
             return f"rank {rank} was killed by signal {signum} ({signal.Signals(signum).name})"
         except ValueError:  # a number no signal has here

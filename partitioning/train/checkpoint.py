@@ -100,7 +100,8 @@ class Checkpoint:
             self._file_of[key] = path
 
     def load(self, keys: Iterable[str]) -> dict[str, torch.Tensor]:
-        """The tensors of ``keys`` (each read from its file now), recorded in :attr:`loaded`."""
+        """The tensors of ``keys`` (each read from its file now), recorded in :attr:`loaded`; a floating-point one
+        holding NaN or an infinite value is refused (a model of such weights trains to NaN)."""
         found = {}
         for key in keys:
             path = self._file_of[key]
@@ -111,6 +112,10 @@ class Checkpoint:
                     value = self._handles[path].get_tensor(key)
             except Exception as exc:  # noqa: BLE001 (a file truncated after its header was read)
                 raise UserError(f"cannot read {key} from {path}: {' '.join(str(exc).split())[:200]}") from None
+            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                what = "NaN" if bool(torch.isnan(value).any()) else "an infinite value"
+                raise UserError(f"checkpoint {self.directory}: {key} holds {what}: a model of non-finite weights "
+                                f"trains to NaN (give a checkpoint of finite weights)")
             found[key] = value
             self.loaded.append(key)
         return found

@@ -13,14 +13,19 @@ one line naming the rank, the others are stopped, exit 2.
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from common.cli import Parser, count, nonempty_path, positive_int, positive_number, run
 from common.errors import UserError
+
+if TYPE_CHECKING:
+    from partitioning.plan import Plan
 
 PROG = "train-model"
 RANK_MODULE = "partitioning.train.rank"
@@ -55,6 +60,7 @@ class Request:
     models_dir: Path | None = None  # the generated code (default: the directory the plan records)
     text: Path | None = None  # raw text for a causal LM, with the tokenizer directory
     tokenizer: Path | None = None
+    config_from_checkpoint: bool = False  # config fields the plan has otherwise: the checkpoint's (with a warning)
     verbose: bool = False
 
 
@@ -121,6 +127,10 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--rdzv-endpoint", type=_endpoint, help="HOST:PORT of node 0 (the rendezvous)")
     parser.add_argument("--models-dir", type=nonempty_path, metavar="DIR",
                         help="import the generated code from DIR (default: the directory the plan records)")
+    parser.add_argument("--config-from-checkpoint", action="store_true",
+                        help="where the checkpoint's config differs from the plan's in a field other than a size "
+                             "(dropout, eps, rope, activation, token ids): train the checkpoint's value, with a "
+                             "warning naming each field (default: refuse)")
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser
 
@@ -173,8 +183,8 @@ def _execute(request: Request, shown: Request) -> int:
     from partitioning.gpu.pipelining import splits_backward
     from partitioning.gpu.schedule_stages import check_placement
     from partitioning.train.checkpoint import Checkpoint
-    from partitioning.train.data import read_dataset
-    from partitioning.train.model import build_meta, check_checkpoint
+    from partitioning.train.data import check_learnable, read_dataset
+    from partitioning.train.model import build_meta, check_checkpoint, check_tied, checkpoint_config
     from partitioning.train.save import check_save_dir, read_state
     from partitioning.train.stage import plan_model, settings_of
 
@@ -193,10 +203,18 @@ def _execute(request: Request, shown: Request) -> int:
         if state["step"] >= request.steps:
             raise UserError(f"--resume {request.resume} is at step {state['step']}: --steps {request.steps} "
                             f"leaves nothing to do")
+        check_resumed(request, state, kept_settings(request, plan, micro_batches))
     source = Checkpoint(request.resume or request.checkpoint)  # type: ignore[arg-type]
-    check_checkpoint(build_meta(family, class_name, config), source, family, class_name, config)
+    config, taken = checkpoint_config(config, source, family, class_name, request.config_from_checkpoint)
+    if taken:
+        print(f"{PROG}: warning: training the checkpoint's config where the plan's differs: {', '.join(taken)}",
+              file=sys.stderr)
+    meta = build_meta(family, class_name, config)
+    check_checkpoint(meta, source, family, class_name, config)
+    check_tied(meta, source)
     assert request.data is not None
-    read_dataset(request.data, specs, config, micro_batch, micro_batch.batch * micro_batches)
+    dataset = read_dataset(request.data, specs, config, micro_batch, micro_batch.batch * micro_batches)
+    check_learnable(dataset, specs, family.definition.classes[class_name].causal_lm, request.data)
     if request.save is not None:
         check_save_dir(request.save)
     ranks = stages * request.data_parallel
@@ -223,6 +241,39 @@ def _execute(request: Request, shown: Request) -> int:
             tidy(request.save)
         raise
     return 0
+
+
+# What a resumed run keeps of the run it continues, each with the flags that set it.
+_KEPT = {"seed": "--seed", "micro_batches": "--micro-batches", "lr": "--lr", "weight_decay": "--weight-decay",
+         "betas": "--betas", "eps": "--eps", "warmup_steps": "--warmup-steps", "decay": "--decay",
+         "schedule_steps": "--decay-steps (else --steps)", "stage_starts": "the plan's cuts",
+         "placement": "the plan's placement"}
+
+
+def kept_settings(request: Request, plan: Plan, micro_batches: int) -> dict[str, Any]:
+    """The settings of a run that a ``--resume`` of its save must repeat (saved in train_state.json), as JSON
+    holds them: the data order, the optimizer and its schedule (their state is restored as saved), the stages."""
+    settings = {"seed": request.seed, "micro_batches": micro_batches, "lr": request.lr,
+                "weight_decay": request.weight_decay, "betas": list(request.betas), "eps": request.eps,
+                "warmup_steps": request.warmup_steps, "decay": request.decay,
+                "schedule_steps": request.decay_steps or request.steps,
+                "stage_starts": [stage.blocks[0] for stage in plan.stages], "placement": plan.ranks}
+    return json.loads(json.dumps(settings))
+
+
+def check_resumed(request: Request, state: dict[str, Any], kept: dict[str, Any]) -> None:
+    """A resumed run continues the saved one exactly; a setting given otherwise would be ignored (the optimizer's
+    and schedule's state are restored as saved) or would change the run silently (the data order, the schedule's
+    span), so each is refused.  A save written before these were recorded is compared on its stages alone."""
+    for key, flag in _KEPT.items():
+        if key in state and state[key] != kept[key]:
+            raise UserError(f"--resume {request.resume} continues a run of {flag} {_shown(state[key])}; this one "
+                            f"has {_shown(kept[key])}: a resumed run keeps the saved run's settings (give them, or "
+                            f"start a new run from its weights with --checkpoint {request.resume})")
+
+
+def _shown(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def to_argv(request: Request) -> list[str]:

@@ -75,6 +75,10 @@ def read_dataset(path: Path, specs: Sequence[InputSpec], config: Any, micro_batc
     """The examples of ``path``, each checked and padded; any bad line is one error naming it."""
     text = read_text(path, "data", MAX_DATA_BYTES)
     pad = config.pad_token_id if isinstance(getattr(config, "pad_token_id", None), int) else 0
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int) and not 0 <= pad < vocab:
+        raise UserError(f"the config's pad_token_id {pad} lies outside the vocabulary [0, {vocab}): padding writes "
+                        f"it as a token id (give a config whose pad_token_id is a token)")
     columns: dict[str, list[torch.Tensor]] = {spec.name: [] for spec in specs}
     count = 0
     marked = [(spec.name, last) for spec in specs if (last := _bound(spec.last, config)) is not None]
@@ -101,6 +105,24 @@ def read_dataset(path: Path, specs: Sequence[InputSpec], config: Any, micro_batc
     if count < batch_size:
         raise UserError(f"{path} holds {count} examples, fewer than one step's batch of {batch_size}")
     return Dataset({name: torch.stack(values) for name, values in columns.items()}, count)
+
+
+def check_learnable(dataset: Dataset, specs: Sequence[InputSpec], causal_lm: bool, path: Path) -> None:
+    """Refuse a file whose every label the loss ignores: its loss is 0 / 0, NaN, at every step.  A causal LM
+    predicts each token from the ones before it, so the first label of a sequence is shifted away (a one-token
+    example has nothing to predict)."""
+    learnable = 0
+    for spec in specs:
+        if not _is_label(spec.name) or spec.name not in dataset.tensors:
+            continue
+        labels = dataset.tensors[spec.name]
+        if labels.dim() > 1 and causal_lm:
+            labels = labels[:, 1:]
+        learnable += int((labels != IGNORED).sum())
+    if learnable == 0 and any(_is_label(spec.name) for spec in specs):
+        shifted = ", or the first of its sequence, which the causal LM shifts away" if causal_lm else ""
+        raise UserError(f"{path}: no example has a label to learn (every label is {IGNORED}{shifted}): the loss "
+                        f"would be NaN at every step")
 
 
 def _times(marked: list[tuple[str, int]], counts: tuple[int, ...]) -> str:

@@ -24,7 +24,8 @@ from torch import nn
 from common.errors import UserError
 from families.family import ModelFamily
 from families.models import SharedWeight
-from partitioning.train.checkpoint import Checkpoint, describe_shape
+from families.shapes import check_rope_fields, make_config
+from partitioning.train.checkpoint import CONFIG, Checkpoint, describe_shape
 from partitioning.train.memory import release_freed_memory
 
 
@@ -99,9 +100,20 @@ def build_meta(family: ModelFamily, class_name: str, config: Any) -> MetaModel:
                      tuple(getattr(model_class, "_keys_to_ignore_on_load_unexpected", None) or ()))
 
 
-def check_checkpoint(meta: MetaModel, checkpoint: Checkpoint, family: ModelFamily, class_name: str,
-                     config: Any) -> None:
-    """The checkpoint is of the plan's model: family, class, sizes, and every tensor with its shape."""
+# Config fields that describe the file or the library, not the model trained: never compared.
+FILE_FIELDS = frozenset({"architectures", "transformers_version", "_name_or_path", "name_or_path", "torch_dtype",
+                         "dtype", "_commit_hash", "_attn_implementation_autoset", "use_cache"})
+# Fields that decide which weights the plan's stages hold (a tied plan splits one weight over its stages): as the
+# sizes, they must match; no flag takes them from the checkpoint.
+STRUCTURE_FIELDS = ("tie_word_embeddings", "tie_encoder_decoder")
+
+
+def checkpoint_config(config: Any, checkpoint: Checkpoint, family: ModelFamily, class_name: str,
+                      from_checkpoint: bool = False) -> tuple[Any, list[str]]:
+    """The config to train: the checkpoint's.  It is compared with the plan's ``config`` field by field: family,
+    class, every size and :data:`STRUCTURE_FIELDS` must match; any other difference (dropout, eps, rope, token
+    ids, activation) is refused in one line naming each field, or with ``from_checkpoint`` taken from the
+    checkpoint.  Also returns each field taken, described as ``name (checkpoint X; the plan Y)``."""
     where = f"checkpoint {checkpoint.directory}"
     theirs = checkpoint.config
     model_type = getattr(config, "model_type", None)
@@ -111,11 +123,32 @@ def check_checkpoint(meta: MetaModel, checkpoint: Checkpoint, family: ModelFamil
     architectures = theirs.get("architectures")
     if isinstance(architectures, list) and architectures and class_name not in architectures:
         raise UserError(f"{where} holds a {', '.join(map(str, architectures))}, the plan trains a {class_name}")
-    ours = config.to_dict()
-    for size in family.sizes():
-        if size in ours and theirs.get(size) != ours[size]:
-            raise UserError(f"{where} has {size} = {theirs.get(size)!r}, the plan {ours[size]!r}: re-plan with "
-                            f"partition-model --config {checkpoint.directory / 'config.json'}")
+    path, replan = family.definition.config_path, f"re-plan with partition-model --config {checkpoint.directory / CONFIG}"
+    check_rope_fields(theirs, f"{where}'s {CONFIG}")  # the rest: compared with the plan's below
+    try:
+        built = make_config(path, theirs)  # its defaults stand where the file (save_pretrained: a diff) has none
+    except UserError as exc:
+        raise UserError(f"{where}'s {CONFIG}: {exc}") from None
+    ours, mine = config.to_dict(), built.to_dict()
+    for size in [*family.sizes(), *STRUCTURE_FIELDS]:
+        if size in ours and mine.get(size) != ours[size]:
+            raise UserError(f"{where} has {size} = {mine.get(size)!r}, the plan {ours[size]!r}: {replan}")
+    differing = sorted(key for key in set(ours) & set(mine) - FILE_FIELDS if ours[key] != mine[key])
+    if not differing:
+        return config, []
+    fields = [f"{key} (checkpoint {mine[key]!r:.60}; the plan {ours[key]!r:.60})" for key in differing]
+    if not from_checkpoint:
+        raise UserError(f"{where}'s config differs from the plan's in {', '.join(fields)}: {replan}, or train the "
+                        f"checkpoint's values with --config-from-checkpoint")
+    return make_config(path, {**ours, **{key: mine[key] for key in differing}}), fields
+
+
+def check_checkpoint(meta: MetaModel, checkpoint: Checkpoint, family: ModelFamily, class_name: str,
+                     config: Any) -> None:
+    """The checkpoint is of the plan's model (its config that of ``config``, :func:`checkpoint_config`) and holds
+    every tensor with its shape."""
+    checkpoint_config(config, checkpoint, family, class_name)
+    where = f"checkpoint {checkpoint.directory}"
     shapes = checkpoint.shapes
     parameters = dict(meta.model.named_parameters(remove_duplicate=False))
     for name, keys in meta.keys.items():
@@ -133,6 +166,24 @@ def check_checkpoint(meta: MetaModel, checkpoint: Checkpoint, family: ModelFamil
     if unexpected:
         raise UserError(f"{where} has {unexpected[0]}, which a {class_name} of this config does not have"
                         f"{f' (and {len(unexpected) - 1} more)' if len(unexpected) > 1 else ''}")
+
+
+def check_tied(meta: MetaModel, checkpoint: Checkpoint) -> None:
+    """A weight the plan ties (one parameter under several stock keys) must not be in the file twice with different
+    values: that is an untied model's, which stock ``from_pretrained`` would tie silently, dropping one of them."""
+    parameters = dict(meta.model.named_parameters(remove_duplicate=False))
+    seen: set[tuple[str, ...]] = set()
+    for name, keys in meta.keys.items():
+        present = tuple(key for key in keys if key in checkpoint.shapes)
+        if name not in parameters or len(present) < 2 or present in seen:
+            continue
+        seen.add(present)
+        values = checkpoint.load(present)
+        other = next((key for key in present[1:] if not torch.equal(values[key], values[present[0]])), None)
+        if other is not None:
+            raise UserError(f"checkpoint {checkpoint.directory} holds {present[0]} and {other} with different "
+                            f"values, which the plan ties: it is an untied model (re-plan from a config with "
+                            f"tie_word_embeddings false)")
 
 
 def source_key(meta: MetaModel, name: str, checkpoint: Checkpoint) -> str | None:

@@ -19,7 +19,7 @@ from common.cli import report
 from common.errors import UserError
 from partitioning.files import read_plan
 from partitioning.gpu.train import device_for_rank
-from partitioning.train.cli import PROG, Request, parse
+from partitioning.train.cli import PROG, Request, kept_settings, parse
 from partitioning.train.data import read_dataset
 from partitioning.train.memory import return_large_frees
 from partitioning.train.optim import OptimizerSettings, make_optimizer
@@ -35,7 +35,7 @@ def train(request: Request, device: torch.device) -> StageModel:
     replicas = request.data_parallel
     state = read_state(request.resume, stages, replicas) if request.resume is not None else None
     stage = load_stage(plan, request.resume or request.checkpoint, device, request.micro_batches,  # type: ignore[arg-type]
-                       replicas, request.models_dir, request.tied_sum, request.dtype)
+                       replicas, request.models_dir, request.tied_sum, request.dtype, request.config_from_checkpoint)
     torch.manual_seed(request.seed + dist.get_rank())  # each rank's own stream (dropout): saved and restored
     size = stage.micro_batch.batch * stage.micro_batches * replicas  # a step's examples, all replicas together
     data = (read_dataset(request.data, stage.specs, stage.config, stage.micro_batch, size)
@@ -56,13 +56,14 @@ def train(request: Request, device: torch.device) -> StageModel:
         began = time.perf_counter()
         batch = stage.shard(data.batch(step, size, request.seed)) if data is not None else None
         losses = stage.step(batch)
+        done = step + 1
+        check_finite(stage, losses, done)
         if request.clip_grad is not None:
             stage.clip_grad_norm_(request.clip_grad)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad()
-        done = step + 1
         if last and (done % request.log_every == 0 or done == request.steps):
             mean = torch.stack([value.detach() for value in losses]).mean()
             if replicas > 1:  # the mean over every replica's micro-batches (the last stages' group)
@@ -74,12 +75,32 @@ def train(request: Request, device: torch.device) -> StageModel:
                       flush=True)
         if request.save is not None and (done == request.steps or
                                          (request.save_every is not None and done % request.save_every == 0)):
-            run_state = {"step": done, "examples_seen": done * size, "stages": stage.stages, "seed": request.seed}
+            run_state = {"step": done, "examples_seen": done * size, "stages": stage.stages,
+                         **kept_settings(request, plan, stage.micro_batches)}
             save(stage, request.save, training_state(optimizer, scheduler, names), run_state,
                  stage.checkpoint)
             if last and stage.replica == 0:
                 print(f"saved step {done} to {request.save}", flush=True)
     return stage
+
+
+def check_finite(stage: StageModel, losses: list[torch.Tensor], done: int) -> None:
+    """Stop every rank of the run in one line when step ``done``'s loss or gradient norm is not finite: before its
+    optimizer step, so nothing of it is trained or saved (a collective over every rank; the last save stays)."""
+    bad = torch.zeros(4, device=stage.device)  # loss NaN, loss infinite, gradient norm NaN, gradient norm infinite
+    if losses:
+        values = torch.stack([value.detach().float() for value in losses])
+        bad[0], bad[1] = values.isnan().any(), values.isinf().any()
+    grads = [p.grad for p in stage.parameters() if p.grad is not None]
+    if grads:
+        norms = torch.stack(torch._foreach_norm(grads, 2.0)).float()
+        bad[2], bad[3] = norms.isnan().any(), norms.isinf().any()
+    dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    if bool(bad.any()):
+        what = ["the loss is NaN", "the loss is infinite", "the gradient norm is NaN", "the gradient norm is infinite"]
+        causes = " and ".join(text for text, flag in zip(what, bad.tolist()) if flag)
+        raise UserError(f"step {done}: {causes} (a micro-batch whose labels are all -100, a learning rate that "
+                        f"diverged): stopped before its optimizer step, nothing of it saved")
 
 
 def main(argv: list[str] | None = None) -> int:

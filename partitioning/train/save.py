@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from common.atomic import commit_staged, is_temporary, recover, stage
+from common.atomic import cannot_create_in, commit_staged, is_temporary, recover, stage
 from common.errors import UserError
 from common.files import read_json_object
 from common.versions import Release
@@ -70,6 +70,14 @@ def check_save_dir(directory: Path) -> None:
     """``--save DIR`` may be new, empty, or a directory this command wrote; nothing else is overwritten."""
     if directory.exists() and not directory.is_dir():
         raise UserError(f"--save {directory} is a file: give a directory")
+    existing = Path(os.path.abspath(directory))
+    while not existing.exists():  # the directories missing are made by the first save
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"--save {directory} lies under {existing}, which is a file: give a directory")
+    reason = cannot_create_in(existing)
+    if reason is not None:
+        raise UserError(f"--save {directory}: cannot write into {existing} ({reason})")
     if (directory.is_dir() and any(not is_temporary(p.name) for p in directory.iterdir())
             and not _ours(directory)):
         raise UserError(f"--save {directory} is a directory train-model did not write (no {STATE}): "

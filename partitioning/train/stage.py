@@ -29,7 +29,7 @@ from partitioning.gpu.pipelining import PipelineRun
 from partitioning.plan import Plan
 from partitioning.solve.partition import Settings
 from partitioning.train.checkpoint import Checkpoint
-from partitioning.train.model import MetaModel, build_meta, check_checkpoint, materialize
+from partitioning.train.model import MetaModel, build_meta, check_checkpoint, checkpoint_config, materialize
 
 PREFIX = "model."  # the stage modules' names: PipelineRun wraps the model as ``model``
 
@@ -50,8 +50,10 @@ class StageModel:
 
     def __init__(self, plan: Plan, checkpoint: Checkpoint, *, device: torch.device | None = None,
                  micro_batches: int | None = None, data_parallel: int = 1, models_dir: Path | None = None,
-                 tied_sum: str | None = None, dtype: str = "fp32") -> None:
+                 tied_sum: str | None = None, dtype: str = "fp32", config_from_checkpoint: bool = False) -> None:
         self.family, self.class_name, self.config, self.specs, self.micro_batch = plan_model(plan, models_dir)
+        self.config, _ = checkpoint_config(self.config, checkpoint, self.family, self.class_name,
+                                           config_from_checkpoint)  # the model is the checkpoint's
         self.version = str(plan.model["version"])
         self.micro_batches, self.schedule = settings_of(plan, micro_batches)
         self.meta: MetaModel = build_meta(self.family, self.class_name, self.config)
@@ -154,13 +156,16 @@ def _mesh(replicas: int, stages: int, device: torch.device) -> DeviceMesh | None
 
 def load_stage(plan: Plan, checkpoint: Path, device: torch.device | None = None,
                micro_batches: int | None = None, data_parallel: int = 1, models_dir: Path | None = None,
-               tied_sum: str | None = None, dtype: str = "fp32") -> StageModel:
+               tied_sum: str | None = None, dtype: str = "fp32", config_from_checkpoint: bool = False) -> StageModel:
     """This rank's stage of ``plan`` with its weights from the HF model directory ``checkpoint``.
 
     ``data_parallel`` replicas of the pipeline run on as many times the plan's stages in ranks;
     each replica's stage 0 passes its share of the batch (see :meth:`StageModel.shard`).
     ``tied_sum``: how the copies of a weight several stages hold get their gradient
-    (:class:`partitioning.gpu.pipelining.PipelineRun`); ``dtype="bf16"``: forwards under bf16 autocast.
+    (:class:`partitioning.gpu.pipelining.PipelineRun`); ``dtype="bf16"``: forwards under bf16 autocast;
+    ``config_from_checkpoint``: config fields the checkpoint has otherwise than the plan are taken from it
+    (:func:`partitioning.train.model.checkpoint_config`; without it they are refused).
     """
     return StageModel(plan, Checkpoint(checkpoint), device=device, micro_batches=micro_batches,
-                      data_parallel=data_parallel, models_dir=models_dir, tied_sum=tied_sum, dtype=dtype)
+                      data_parallel=data_parallel, models_dir=models_dir, tied_sum=tied_sum, dtype=dtype,
+                      config_from_checkpoint=config_from_checkpoint)

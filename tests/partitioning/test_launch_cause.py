@@ -27,7 +27,21 @@ def test_without_a_signal_the_ranks_own_line_is_the_cause() -> None:
     assert _cause([], _summary({2: 3})) == "rank 2 exited with code 3"
 
 
+def _closing(rank: int) -> str:
+    """torchrun's log line as it stops the rank itself (the pid _summary gives it)."""
+    return (f"W1203 15:00:00.000000 999 torch/distributed/elastic/multiprocessing/api.py:1029] Sending process "
+            f"{1000 + rank} closing signal SIGTERM")
+
+
 def test_the_ranks_torchrun_stopped_itself_are_not_the_cause() -> None:
-    # torchrun stops the surviving ranks with SIGTERM and lists them too
-    assert _cause([], _summary({0: -15, 1: -9})) == "rank 1 was killed by signal 9 (SIGKILL)"
-    assert _cause([PEER], _summary({0: 1, 1: -15})) == PEER
+    # torchrun stops the surviving ranks with SIGTERM, logs it, and lists them too
+    assert _cause([], [_closing(0), *_summary({0: -15, 1: -9})]) == "rank 1 was killed by signal 9 (SIGKILL)"
+    assert _cause([PEER], [_closing(1), *_summary({0: 1, 1: -15})]) == PEER
+
+
+def test_a_sigterm_torchrun_did_not_send_is_the_cause() -> None:
+    # SIGTERM to rank 0 alone: rank 1 loses its peer and says so first; torchrun stopped nobody
+    lost = "train-model (rank 1): error: internal error: RuntimeError: [gloo] Read error: Connection reset by peer"
+    assert _cause([lost], _summary({0: -15, 1: 2})) == "rank 0 was killed by signal 15 (SIGTERM)"
+    # any other signal is the likelier cause
+    assert _cause([lost], _summary({0: -15, 1: -9})) == "rank 1 was killed by signal 9 (SIGKILL)"

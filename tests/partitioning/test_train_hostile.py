@@ -163,11 +163,12 @@ def test_the_command_trains_and_a_failing_rank_is_one_line(setup: dict[str, Path
     """The whole command under torchrun; then a resume whose stage-1 state is damaged: rank 1 fails, exit 2."""
     out = setup["root"] / "run"
     base = ["--plan", str(setup["plan"]), "--data", str(setup["data"]), "--save", str(out)]
-    assert main([*base, "--checkpoint", str(setup["checkpoint"]), "--steps", "1", "--log-every", "1"]) == 0
+    assert main([*base, "--checkpoint", str(setup["checkpoint"]), "--steps", "1", "--decay-steps", "2",
+                 "--log-every", "1"]) == 0
     assert capsys.readouterr().out.startswith("step 1/1: loss ")
     (out / "train_state" / "stage-1.pt").write_bytes(b"damaged")
     before = {path.name: path.read_bytes() for path in out.iterdir() if path.is_file()}
-    code = main([*base, "--resume", str(out), "--steps", "2"])
+    code = main([*base, "--resume", str(out), "--steps", "2", "--decay-steps", "2"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
     assert "train-model (rank 1): error: cannot read" in err and "stage-1.pt" in err, err
@@ -211,7 +212,7 @@ def test_a_rank_killed_mid_run_is_one_line_and_the_last_save_resumes(setup: dict
     assert err.startswith("train-model: error: ") and "rank 1" in err, err
     saved = json.loads((out / "train_state.json").read_text())["step"]
     assert saved >= 1
-    assert main([*base, "--resume", str(out), "--steps", str(saved + 1)]) == 0
+    assert main([*base, "--resume", str(out), "--steps", str(saved + 1), "--decay-steps", "100000"]) == 0
     assert json.loads((out / "train_state.json").read_text())["step"] == saved + 1
 
 
@@ -273,4 +274,4 @@ def test_ctrl_c_during_a_save_is_one_line_and_the_previous_save_stays_whole(setu
     _, info = stock_class("t5").from_pretrained(out, output_loading_info=True)
     assert info["missing_keys"] == [] and info["unexpected_keys"] == [], info
     saved = json.loads(before["train_state.json"])["step"]
-    assert main([*base, "--resume", str(out), "--steps", str(saved + 1)]) == 0
+    assert main([*base, "--resume", str(out), "--steps", str(saved + 1), "--decay-steps", "100000"]) == 0

@@ -44,6 +44,14 @@ def test_pack(tmp_path: Path) -> None:
     assert rows == [{"input_ids": IDS[:10], "labels": IDS[:10]}, {"input_ids": IDS[10:], "labels": IDS[10:]}]
 
 
+def test_a_bom_and_crlf_line_ends_pack_the_same_rows(tmp_path: Path) -> None:
+    """What an editor on Windows writes: the byte order mark would be a character of the first word (an unknown
+    token, 0), and a line end \r\n a line end like \n."""
+    tokenizer = write_tokenizer(tmp_path / "tok")
+    (tmp_path / "windows.txt").write_bytes(b"\xef\xbb\xbf" + TEXT.replace("\n", "\r\n").encode())
+    assert pack(tmp_path / "windows.txt", tokenizer, 20) == [IDS]
+
+
 def test_text_trains_gpt2_as_one_process_and_hostile_input(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", str(RANK_THREADS))  # the ranks' count, as the reference runs with

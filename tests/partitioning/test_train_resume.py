@@ -1,0 +1,55 @@
+"""``--resume`` continues the saved run exactly, or is refused in one line before any rank starts.
+
+The optimizer's and the schedule's state are restored as saved, so a new --lr (or weight decay, betas, eps,
+warm-up, decay) would be ignored; a new --seed or --micro-batches would change the data order, another --steps
+the span of the lr schedule, and a plan cut elsewhere the stages the saved state belongs to.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_train_model import save_checkpoint, write_data, write_plan
+
+from partitioning.train.cli import main
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A 2-stage T5 run of 1 step of a 2-step schedule, saved (one torchrun launch)."""
+    root = tmp_path_factory.mktemp("resume")
+    cfg = save_checkpoint("t5", root / "t5")
+    write_plan("t5", cfg, "encoder.block.1", "gpipe", root / "plan.json")
+    write_plan("t5", cfg, "decoder.embed", "gpipe", root / "elsewhere.json")
+    write_data(root / "data.jsonl", root / "plan.json")
+    out = root / "out"
+    assert main(["--plan", str(root / "plan.json"), "--checkpoint", str(root / "t5"), "--data",
+                 str(root / "data.jsonl"), "--steps", "1", "--decay-steps", "2", "--lr", "0.01", "--save",
+                 str(out)]) == 0
+    return {"root": root, "plan": root / "plan.json", "data": root / "data.jsonl", "out": out}
+
+
+@pytest.mark.parametrize("changes,expected", [
+    ({"--seed": "1"}, "continues a run of --seed 0; this one has 1"),
+    ({"--lr": "0.02"}, "continues a run of --lr 0.01; this one has 0.02"),
+    ({"--weight-decay": "0.1"}, "continues a run of --weight-decay 0.0; this one has 0.1"),
+    ({"--decay-steps": None}, "continues a run of --decay-steps (else --steps) 2; this one has 3"),
+    ({"--micro-batches": "1"}, "continues a run of --micro-batches 2; this one has 1"),
+    ({"--plan": "elsewhere"}, "continues a run of the plan's cuts"),
+])
+def test_a_resume_that_would_change_the_run_is_refused(saved: dict[str, Path], capsys: pytest.CaptureFixture[str],
+                                                       changes: dict[str, str | None], expected: str) -> None:
+    options: dict[str, str | None] = {"--plan": str(saved["plan"]), "--resume": str(saved["out"]),
+                                      "--data": str(saved["data"]), "--steps": "3", "--decay-steps": "2",
+                                      "--lr": "0.01", **changes}
+    if options["--plan"] == "elsewhere":
+        options["--plan"] = str(saved["root"] / "elsewhere.json")
+    before = (saved["out"] / "train_state.json").read_text()
+    code = main([part for key, value in options.items() if value is not None for part in (key, value)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("train-model: error: --resume "), err
+    assert expected in err, err
+    assert json.loads((saved["out"] / "train_state.json").read_text())["step"] == 1
+    assert (saved["out"] / "train_state.json").read_text() == before
