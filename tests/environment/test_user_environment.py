@@ -13,6 +13,7 @@ import json
 import random
 from pathlib import Path
 
+import pytest
 from conftest import REPO
 from support.suite_release import user_environment
 from user_venv import build, newest_verified, run
@@ -44,6 +45,7 @@ def write_data(path: Path, count: int = 8) -> None:
             out.write(json.dumps({"input_ids": ids, "labels": ids}) + "\n")
 
 
+@pytest.mark.integration  # the registry's transformers wheel (torch from the local wheels)
 def test_the_three_commands_run_against_the_installed_release(tmp_path: Path) -> None:
     release = newest_verified()
     bin_dir = build(tmp_path)
