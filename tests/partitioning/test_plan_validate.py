@@ -153,13 +153,13 @@ def test_another_release_on_the_path_is_named(tmp_path):
                            "--output", str(tmp_path / "p.json")], cwd=REPO, env=env, capture_output=True, text=True)
     assert done.returncode == 2 and done.stdout == "", done
     line, = done.stderr.splitlines()
-    assert "the transformers that imports here is 9.9.9" in line and "recipe" not in line, line
+    assert "the one that imports here is transformers 9.9.9" in line and "recipe" not in line, line
     assert not (tmp_path / "p.json").exists()
 
 
 def test_family_release_check():
     ModelFamily.load("t5", "4.5.1").require_release()
-    with pytest.raises(UserError, match="imports here is 4.5.1"):
+    with pytest.raises(UserError, match="imports here is transformers 4.5.1"):
         ModelFamily.load("t5", "4.10.3").require_release()
 
 
