@@ -33,9 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import UserError
-from converter import checks, cli, installs
-from converter.fetch import Fetcher, default_cache_dir
+from converter import cli, installs
+from converter.fetch import Fetcher
 from converter.recipes import Recipe, load_recipes
+from families import installed
 from families.layout import version_dir
 
 log = logging.getLogger("converter")
@@ -106,7 +107,7 @@ def _namespace(args: argparse.Namespace, package: Package) -> argparse.Namespace
 
 def _sources(args: argparse.Namespace, recipe: Recipe) -> dict:
     """The recipe's files of the release: cache, a side-by-side install, then --check's own fallbacks."""
-    cache_dir = args.cache_dir or default_cache_dir()
+    cache_dir = args.cache_dir or installed.cache_dir()
     members = recipe.members_for(args.version)
     pins = recipe.pins.get(args.version)
     if args.origin in ("auto", "cache"):
@@ -116,7 +117,7 @@ def _sources(args: argparse.Namespace, recipe: Recipe) -> dict:
             if args.origin == "cache":
                 raise
     if args.origin == "auto" and pins is not None:
-        for root in (checks.cache_root(cache_dir, recipe.package), installs.SETUP_ROOT):
+        for root in installed.install_roots(recipe.package, cache_dir):
             directory = installs.install_dir(args.version, root)
             if all((directory / member).is_file() for member in members):
                 return cli.gather_sources(argparse.Namespace(**{**vars(args), "source_dir": directory}), recipe)

@@ -30,6 +30,7 @@ from typing import Any
 from common.errors import UserError
 from converter import installs
 from converter.recipes import Recipe
+from families import installed
 from families.layout import version_dir
 
 log = logging.getLogger("converter")
@@ -42,10 +43,6 @@ class Install:
     where: str  # for messages
 
 
-def cache_root(cache_dir: Path, package: str) -> Path:
-    return cache_dir / "installs" / package
-
-
 def locate(package: str, version: str, cache_dir: Path) -> Install | None:
     """Where a process can import ``package`` ``version`` from; None when nowhere here."""
     try:
@@ -53,13 +50,8 @@ def locate(package: str, version: str, cache_dir: Path) -> Install | None:
             return Install(None, f"the installed {package}")
     except metadata.PackageNotFoundError:
         pass
-    if package != "transformers":  # side-by-side installs are transformers releases
-        return None
-    for root in (cache_root(cache_dir, package), installs.SETUP_ROOT):
-        directory = installs.install_dir(version, root)
-        if installs.installed_release(directory) == version:
-            return Install(directory, str(directory))
-    return None
+    directory = installed.side_by_side(package, version, cache_dir)
+    return None if directory is None else Install(directory, str(directory))
 
 
 def spec(recipe: Recipe, version: str, root: Path, compare: bool,
@@ -141,7 +133,7 @@ def stock_check(files: dict[PurePosixPath, str], recipe: Recipe, version: str, c
     install = locate(recipe.package, version, cache_dir)
     if install is None:
         release = installs.release_for(version, installs.verified_releases())
-        root = cache_root(cache_dir, recipe.package)
+        root = installed.install_roots(recipe.package, cache_dir)[0]
         log.info("%s %s is unverified: installing it in %s to check the output against it", recipe.package,
                  version, root)
         try:

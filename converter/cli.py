@@ -15,9 +15,10 @@ from common.cli import Parser, nonempty_path, positive_int, run
 from common.errors import UserError
 from common.versions import Release
 from converter import checks, output
-from converter.fetch import ORIGINS, Fetcher, SourceFile, default_cache_dir, read_source_file, validate_version
+from converter.fetch import ORIGINS, Fetcher, SourceFile, read_source_file, validate_version
 from converter.pipeline import Conversion, render
 from converter.recipes import Recipe, get_recipe, load_recipes
+from families import installed
 
 PROG = "convert-model"
 DEFAULT_OUTPUT = Path("generated_models")
@@ -30,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Rewrite a HuggingFace modeling file of an exact release into traceable code.",
     )
     parser.add_argument("family", nargs="?", help="model family, e.g. t5 (see --list)")
-    parser.add_argument("--version", help="exact transformers release, e.g. 4.5.1")
+    parser.add_argument("--version", help="exact transformers release, e.g. 4.5.1 (default: the one installed here)")
     parser.add_argument("--output-dir", type=nonempty_path, default=DEFAULT_OUTPUT,
                         help="root of the generated layout (default: ./generated_models)")
     source = parser.add_mutually_exclusive_group()
@@ -110,7 +111,7 @@ def gather_sources(args: argparse.Namespace, recipe: Recipe) -> dict[str, Source
             local[member] = read_source_file(path, member)
     remaining = tuple(m for m in recipe.members_for(args.version) if m not in local)
     if remaining:
-        fetcher = Fetcher(recipe.package, args.version, args.cache_dir or default_cache_dir(), args.origin,
+        fetcher = Fetcher(recipe.package, args.version, args.cache_dir or installed.cache_dir(), args.origin,
                           recipe.pins.get(args.version, {}))
         local.update(fetcher.fetch(remaining))
     return local
@@ -147,7 +148,7 @@ def _verify_release(recipe: Recipe, version: str, sources: dict[str, SourceFile]
 
 def _run_checks(args: argparse.Namespace, recipe: Recipe, files: dict[PurePosixPath, str]) -> None:
     """Exit 0 means it works: an unverified release is checked against its stock code unless the user accepts it."""
-    cache_dir = args.cache_dir or default_cache_dir()
+    cache_dir = args.cache_dir or installed.cache_dir()
     if args.version in recipe.pins or args.accept_unverified:
         checks.fx_check(args.trace, files, recipe, args.version, cache_dir)
     elif args.trace == "never":
@@ -216,8 +217,8 @@ def _run(args: argparse.Namespace) -> int:
     if not args.family:
         raise UserError("a model family is required (see --list)")
     recipe = get_recipe(args.family)
-    if args.version is None:
-        raise UserError("--version is required, e.g. --version 4.5.1")
+    if args.version is None:  # the release this environment has: its committed package, or one converted for it
+        args.version = installed.default_release(recipe.package)
     validate_version(args.version)
     _check_version(recipe, args.version)
     root = args.output_dir

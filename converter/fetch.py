@@ -33,7 +33,6 @@ from common.versions import Release, VersionError
 
 log = logging.getLogger("converter")
 
-CACHE_ENV = "CONVERT_MODEL_CACHE"
 ORIGINS = ("auto", "cache", "installed", "registry")
 _MAX_MEMBER_BYTES = MAX_SOURCE_BYTES  # every file read on a user's behalf is capped (T5's modeling file: 70 kB)
 _MAX_MANIFEST_BYTES = 1024 * 1024
@@ -63,13 +62,6 @@ def validate_version(version: str) -> str:
     except VersionError:
         raise UserError(f"malformed version {version!r}: expected a release number such as 4.5.1") from None
     return version
-
-
-def default_cache_dir() -> Path:
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "convert-model"
 
 
 def _safe_member(member: str) -> PurePosixPath:

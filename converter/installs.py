@@ -30,11 +30,11 @@ from common.errors import UserError
 from common.versions import Release as ReleaseNumber
 from common.versions import VersionError, VersionRange
 from converter.recipes import load_recipes
+from families.installed import SIDE_BY_SIDE as SETUP_ROOT
+from families.installed import STAMP
 
 REPO = Path(__file__).resolve().parent.parent
 ERAS_FILE = REPO / "scripts" / "transformers_releases.txt"
-SETUP_ROOT = REPO / ".venv" / "transformers"  # where scripts/setup.sh installs the verified releases
-STAMP = ".installed"
 PARTIAL = ".partial-"
 _REQUIREMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!-]+")
 # Imported from the fresh directory before it is accepted: the package, its version, and
@@ -149,15 +149,6 @@ def is_installed(release: Release, root: Path = SETUP_ROOT) -> bool:
         return (install_dir(release.version, root) / STAMP).read_text(encoding="utf-8") == release.stamp
     except OSError:
         return False
-
-
-def installed_release(directory: Path) -> str | None:
-    """The transformers release a finished install in ``directory`` holds (its stamp's first requirement)."""
-    try:
-        words = (directory / STAMP).read_text(encoding="utf-8").split()
-    except OSError:
-        return None
-    return words[0].removeprefix("transformers==") if words and words[0].startswith("transformers==") else None
 
 
 def tail(text: str, lines: int = 15) -> str:

@@ -11,6 +11,8 @@ The knowledge itself is data in ``families/recipe_data/<family>.toml``.
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -19,7 +21,7 @@ from typing import Any
 import torch
 
 from common.errors import UserError
-from families import limits, pp_plan
+from families import installed, limits, pp_plan
 from families.definition import ClassInfo, FamilyDefinition, InputSpec
 from families.layout import converted_in, default_root, generated_package, models_root, mount, root_package, version_dir
 from families.models import MicroBatch, accepted, build_model, import_class, make_inputs
@@ -32,17 +34,6 @@ MAX_TOKENS = 1 << 31  # tokens of a micro-batch
 # Attention scores are batch x heads x length x length: their bytes must stay far inside int64, which
 # torch's sizes are (a costing on the meta device allocates nothing, but still computes the size).
 MAX_SCORES = 1 << 48
-
-
-def _installed(package: str) -> tuple[str, str]:
-    """The release of ``package`` that imports here (PYTHONPATH may shadow the installed one), and where from."""
-    import importlib
-
-    try:
-        module = importlib.import_module(package)
-    except Exception as exc:  # noqa: BLE001 (a package may fail to import any way; only its release matters)
-        return "none that imports", f"{type(exc).__name__}: {exc}"[:120]
-    return str(getattr(module, "__version__", "of unknown release")), str(getattr(module, "__file__", "?"))
 
 
 class ModelFamily:
@@ -82,6 +73,7 @@ class ModelFamily:
                 and (module == family.package or models_dir is not None)):
             raise UserError(f"the plan's module is {module!r} but the {name} recipe gives {family.package!r}: "
                             f"re-plan with partition-model")
+        family.require_release()  # before the plan's config is built: its class is that release's
         return family
 
     @property
@@ -117,23 +109,47 @@ class ModelFamily:
         """The package whose models and configs this release's generated code uses is that very release."""
         if self._checked_release:
             return
-        mount(self.root)
-        try:  # no package of this release at all is said first: convert-model makes it
-            found = importlib.util.find_spec(self.package) is not None
-        except ModuleNotFoundError:
-            found = False
-        if not found:
-            raise self._missing()
         package = self.definition.package
-        installed, where = _installed(package)
-        if installed != self.version:
-            raise UserError(f"{self.package} was generated from {package} {self.version}, but the {package} that "
-                            f"imports here is {installed} ({where})",
-                            hint=f"run with {package} {self.version} (e.g. PYTHONPATH=.venv/transformers/"
-                                 f"{self.version}, see docs/setup.md) or give --version {installed}")
+        if not self._importable() and self.root is None and installed.release(package)[0] == self.version:
+            self.root = self._converted_here()  # the installed release, committed nowhere: the user's own package
+        if not self._importable():  # no package of this release at all is said first: convert-model makes it
+            raise self._missing()
+        found, _ = installed.release(package)
+        if found != self.version:
+            raise installed.other_release(package, self.version, f"{self.package} (generated from {package} "
+                                          f"{self.version})", f"partition-model {self.name} --version {found} plans the release here"
+                                          if found and converted_in(default_root(), self.name, found) else None)
         self._checked_release = True
         if self.definition.chain_from is not None and not self.definition.chain:
             self._read_chain()
+
+    def _importable(self) -> bool:
+        mount(self.root)
+        try:
+            return importlib.util.find_spec(self.package) is not None
+        except ModuleNotFoundError:
+            return False
+
+    def _converted_here(self) -> Path:
+        """The installed release's package in the user's cache (``installed.user_models``), converted on first use.
+
+        convert-model writes it as for any release nothing verifies: checked against the installed stock code
+        first, or refused in one line.  It runs as the command, in a process of its own: the tools stand side by
+        side, neither imports the other.
+        """
+        root = installed.user_models().resolve()
+        if converted_in(root, self.name, self.version):
+            return root
+        print(f"{self.name} {self.version}: no committed package; converting the installed release into {root} "
+              f"(once)", file=sys.stderr, flush=True)
+        command = [sys.executable, "-m", "converter", self.name, "--version", self.version, "--output-dir",
+                   str(root), "--quiet"]
+        proc = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            lines = [line for line in proc.stderr.splitlines() if line.strip()] or [f"exit {proc.returncode}"]
+            raise UserError(f"{self.name} {self.version} is committed nowhere and its conversion for this "
+                            f"environment failed: {lines[-1].removeprefix('convert-model: error: ')}")
+        return root
 
     def _read_chain(self) -> None:
         """The chain and tied weights the release's own classes declare (``[pipeline] chain = "pp_plan"``)."""

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from common.cli import Parser, count, nonempty_path, positive_int, positive_number, run
 from common.errors import UserError
-from families.registry import definitions
+from families import installed
+from families.registry import definition, definitions
 from partitioning import command
 from partitioning.cost import granularity as grain
 from partitioning.gpu.target import GPUTarget
@@ -45,6 +46,8 @@ def parse(argv: list[str] | None) -> Request:
         if each.options is not None:
             given = {field.name: values.pop(field.name) for field in fields(each.options)}
             options = each.options(**given) if each is target else options
+    if values["version"] is None:  # the release this environment imports
+        values["version"] = installed.default_release(definition(values["family"]).package)
     values["schedule"] = schedule_name(values["schedule"])  # any case, as the engine's get_schedule_class
     return Request(**values, lengths=lengths, options=options)
 
@@ -68,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = Parser(prog=PROG, description="Split a generated model into balanced pipeline stages.")
     families = definitions()
     parser.add_argument("family", help=f"model family (known: {', '.join(sorted(families))})")
-    parser.add_argument("--version", required=True, help="transformers release the model was generated from")
+    parser.add_argument("--version", help="transformers release the model was generated from (default: the one "
+                                              "installed here)")
     parser.add_argument("--models-dir", type=nonempty_path, metavar="DIR",
                         help="the generated code: a convert-model --output-dir (default: the repository's "
                              "generated_models); the plan records it for --run and train-model")

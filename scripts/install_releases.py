@@ -1,6 +1,7 @@
 """Install every transformers release a recipe verifies side by side, with its era's dependency pins.
 
 Usage: python scripts/install_releases.py [--root DIR] [--eras FILE] [--jobs N]
+       python scripts/install_releases.py --newest   # print the newest verified release's pip requirements
 
 Where each fact lives: the releases are the verified releases of the recipes
 (``[versions."X"]`` of ``families/recipe_data/*.toml``, with the sha256 of every file the
@@ -69,12 +70,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="where the releases go")
     parser.add_argument("--eras", type=Path, default=ERAS_FILE, help="the dependency pins of each era")
     parser.add_argument("--jobs", type=int, default=2, help="installs run at once (default 2)")
+    parser.add_argument("--newest", action="store_true",
+                        help="install nothing: print the pip requirements of the newest verified release and its "
+                             "era (scripts/setup.sh installs them as the venv's own transformers)")
     args = parser.parse_args(argv)
     try:
         releases = read_releases(args.eras)
     except (OSError, UserError) as exc:  # a ReleaseListError, or a recipe that does not load
         print(f"install-releases: error: {exc.one_line() if isinstance(exc, UserError) else exc}", file=sys.stderr)
         return 2
+    if args.newest:  # verified_releases() is oldest first
+        print(" ".join(releases[-1].pip_requirements))
+        return 0
     args.root.mkdir(parents=True, exist_ok=True)
     _remove_stale(args.root, releases)
     todo = [release for release in releases if not is_installed(release, args.root)]

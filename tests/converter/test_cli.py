@@ -9,6 +9,8 @@ import pytest
 from conftest import REPO, SOURCE_CACHE, T5_MEMBER, T5_SOURCE, FakeIndex, isolate_pip, release_members, snapshot
 
 from converter.cli import main
+from families.installed import release
+from families.layout import version_dir
 
 
 def convert(*extra: str, cache: Path = SOURCE_CACHE) -> list[str]:
@@ -335,9 +337,15 @@ def test_unwritable_output_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert [p.name for p in tmp_path.iterdir()] == ["a_file"]
 
 
-def test_missing_version_and_family(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["t5"]) == 2
-    assert "--version is required" in one_error_line(capsys)
+def test_the_version_defaults_to_the_installed_release(tmp_path: Path) -> None:
+    """No --version: the release this process imports (the suite's, 4.5.1, put first by tests/conftest.py)."""
+    installed = release("transformers")[0]
+    assert installed is not None
+    assert main(["t5", "--cache-dir", str(SOURCE_CACHE), "--no-verify", "--output-dir", str(tmp_path / "out")]) == 0
+    assert [p.name for p in (tmp_path / "out" / "t5").glob("v*")] == [version_dir(installed)]
+
+
+def test_missing_family(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert "model family is required" in one_error_line(capsys)
 

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 from support.t5_models import config
 
+from families.installed import SIDE_BY_SIDE
 from partitioning.cli import main
 from partitioning.plan import Plan
 
@@ -115,10 +120,25 @@ def test_a_release_whose_package_is_not_installed_is_one_line(tmp_path: Path, ca
                           "--output", str(tmp_path / "plan.json")], capsys)
     assert code == 2 and not (tmp_path / "plan.json").exists()
     assert err.strip().startswith(
-        "partition-model: error: generated_models.t5.v4_57_6 was generated from transformers 4.57.6, but the "
-        "transformers that imports here is 4.5.1 (")
-    assert err.strip().endswith("(hint: run with transformers 4.57.6 (e.g. PYTHONPATH=.venv/transformers/4.57.6, "
-                                "see docs/setup.md) or give --version 4.5.1)")
+        "partition-model: error: generated_models.t5.v4_57_6 (generated from transformers 4.57.6) needs transformers "
+        "4.57.6, but the one that imports here is transformers 4.5.1 (")
+    install = SIDE_BY_SIDE / "4.57.6"
+    assert err.strip().endswith(f"(hint: PYTHONPATH={install} before the command runs it with transformers 4.57.6; "
+                                f"or partition-model t5 --version 4.5.1 plans the release here)")
+
+
+def test_the_hint_for_another_release_works_from_another_directory(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The hint's PYTHONPATH is absolute: the command it names plans 4.57.6 run from anywhere."""
+    code, _, err = run(["t5", "--version", "4.57.6", "--stages", "2", "--shape", "tiny", "--output",
+                        str(tmp_path / "plan.json")], capsys)
+    hinted = err.split("(hint: PYTHONPATH=", 1)[1].split(" before the command", 1)[0]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([hinted, str(REPO)])}  # this checkout's tools, as installed
+    done = subprocess.run([sys.executable, "-m", "partitioning", "t5", "--version", "4.57.6", "--stages", "2",
+                           "--shape", "tiny", "--output", "plan.json"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert code == 2 and done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "plan.json").read_text())["model"]["version"] == "4.57.6"
 def test_auto_granularity_and_recomputation_are_recorded_and_can_be_turned_off(
         tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "plan.json"

@@ -162,7 +162,7 @@ def test_a_micro_batch_too_large_for_torch_is_one_line_before_costing(work: Path
 
 @pytest.mark.parametrize("argv, expected", [
     (["t5", "--version", "4.5.1", "--stages", "x"], "argument --stages: expected an integer, got 'x'"),
-    (["t5", "--stages", "2"], "the following arguments are required: --version"),
+    (["t5", "--stages", "2", "--version"], "argument --version: expected one argument"),
     (["t5", "--version", "4.5.1", "--stagez", "2"], "unrecognized arguments: --stagez 2"),
     (["t5", "--version", "4.5.1", "--target", "tpu"], "argument --target: invalid choice: 'tpu'"),
     (["t5", "--version", "4.5.1", "--shape", "t5-small", "--config", "c.json"], "not allowed with argument"),
@@ -399,7 +399,7 @@ def _run(work: Path) -> tuple[subprocess.Popen[str], dict[int, int], Path]:
     scratch.mkdir()
     # torch keeps its compile cache under $TMPDIR/torchinductor_$USER, created on import and reused by every torch
     # process: not a leftover of this run, so it goes elsewhere and scratch holds only what partition-model makes.
-    env = {**os.environ, "TMPDIR": str(scratch), "PYTHONPATH": str(REPO),
+    env = {**os.environ, "TMPDIR": str(scratch), "PYTHONPATH": os.pathsep.join([str(REPO), os.environ["PYTHONPATH"]]),
            "TORCHINDUCTOR_CACHE_DIR": str(work.parent / "inductor")}
     plan = work / "plan.json"
     child = partition_model(tiny("--stages", "2", "--run", "--run-steps", "100000", "--output", str(plan)), work,

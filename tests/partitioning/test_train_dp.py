@@ -47,7 +47,7 @@ def free_port() -> int:
 
 
 def train_model(*argv: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ["PYTHONPATH"]]), "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-m", "partitioning.train", *argv], cwd=REPO, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
@@ -82,7 +82,7 @@ def test_two_replicas_of_two_stages_equal_one_process(tmp_path: Path) -> None:
     assert saved_differences("t5", tmp_path / "nodes", one_machine) == {}  # bit for bit
 
     printed = subprocess.run([sys.executable, "-m", "partitioning.train", *cases["bounded"], "--nnodes", "2"],
-                             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True)
+                             cwd=REPO, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ["PYTHONPATH"]])}, capture_output=True, text=True)
     lines = printed.stdout.splitlines()
     assert printed.returncode == 0 and len(lines) == 2, printed.stderr
     assert all(f"--node-rank={node}" in line and "--nproc-per-node=2" in line and "--data-parallel 2" in line
