@@ -39,9 +39,10 @@ from common.cli import Parser, nonempty_path, positive_int, run  # noqa: E402
 from common.errors import UserError  # noqa: E402
 from converter import checks, installs  # noqa: E402
 from converter import cli as convert_model  # noqa: E402
-from converter.fetch import SourceFile, default_cache_dir, read_source_file, validate_version  # noqa: E402
+from converter.fetch import SourceFile, read_source_file, validate_version  # noqa: E402
 from converter.pipeline import Conversion, parse, render, transform_steps  # noqa: E402
 from converter.recipes import Recipe, load_recipes  # noqa: E402
+from families import installed  # noqa: E402
 
 PROG = "new-release"
 log = logging.getLogger("converter")  # the converter's warnings (a step finding nothing) come out here too
@@ -208,7 +209,7 @@ def _execute(args: argparse.Namespace) -> int:
     log.propagate = False
     release = _release(args)
     recipes, named = _recipes(args)
-    install = _install(release, args.root or checks.cache_root(default_cache_dir(), "transformers"))
+    install = _install(release, args.root or installed.install_roots("transformers")[0])
     present = [recipe for recipe in recipes if (install / recipe.source).is_file()]
     absent = [recipe for recipe in recipes if recipe not in present]
     missing = absent if named else []  # a family asked for by name fails; the others are only mentioned
