@@ -67,8 +67,8 @@ class StatelessScaledEmbedding(StatelessEmbedding):
         """The original module again, owning ``weight`` and this layer's (possibly moved) scale."""
         embedding: nn.Embedding = self.__dict__["_stateful"]
         embedding.weight = weight
-        if SCALE in self._buffers:
-            embedding._buffers[SCALE] = self._buffers[SCALE]
+        if SCALE in own_buffers(self):
+            own_buffers(embedding)[SCALE] = own_buffers(self)[SCALE]
         return embedding
 
 

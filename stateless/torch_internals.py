@@ -30,7 +30,7 @@ from torch.utils.hooks import RemovableHandle
 __all__ = [
     "OpOverload", "TorchDispatchMode", "tree_leaves", "SPLIT_INPUTS",
     "own_parameters", "own_buffers", "own_children", "set_own_children", "non_persistent_buffers",
-    "forward_hooks", "register_load_state_dict_pre_hook", "view_base", "storage_id", "op_schema",
+    "forward_hooks", "forward_pre_hooks", "register_load_state_dict_pre_hook", "view_base", "storage_id", "op_schema",
     "autograd_sequence_nr", "foreach_norms", "ignore_in_data_parallel", "new_group",
     "annotate_split_points", "pipe_split_op", "stage_backward_weight", "drop_warmup_messages_to",
     "p2p_helpers", "set_p2p_helpers", "action_parts",
@@ -73,6 +73,11 @@ def non_persistent_buffers(module: nn.Module) -> set[str]:
 def forward_hooks(module: nn.Module) -> dict[int, Callable[..., Any]]:
     """``module._forward_hooks``: its forward hooks by handle id (deleting an entry removes the hook)."""
     return module._forward_hooks
+
+
+def forward_pre_hooks(module: nn.Module) -> dict[int, Callable[..., Any]]:
+    """``module._forward_pre_hooks``: its forward pre-hooks by handle id."""
+    return module._forward_pre_hooks
 
 
 def register_load_state_dict_pre_hook(module: nn.Module, hook: Callable[..., Any]) -> RemovableHandle:

@@ -90,6 +90,15 @@ def test_forward_hooks_by_handle_id() -> None:
     assert torch.equal(linear(torch.ones(1, 2)), torch.ones(1, 2) @ linear.weight.T + linear.bias)
 
 
+def test_forward_pre_hooks_by_handle_id() -> None:
+    """``nn.Module._forward_pre_hooks``: the hooks run before ``forward``, by handle id."""
+    linear = nn.Linear(2, 2)
+    handle = linear.register_forward_pre_hook(lambda module, args: (args[0] * 0,))
+    hooks = internals.forward_pre_hooks(linear)
+    assert hooks is linear._forward_pre_hooks and list(hooks) == [handle.id]
+    assert torch.equal(linear(torch.ones(1, 2)), linear.bias.expand(1, 2))
+
+
 def test_load_state_dict_pre_hook_gets_the_state_dict_first() -> None:
     """``nn.Module._register_load_state_dict_pre_hook``: ``hook(state_dict, prefix, ...)``, no module argument."""
     source, target = nn.Linear(2, 2), nn.Linear(2, 2)
