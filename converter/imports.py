@@ -30,6 +30,7 @@ from libcst.helpers import get_absolute_module_from_package_for_import
 
 from transforms.analysis.scopes import ModuleIndex
 from transforms.library.dispatch import FastDispatch
+from transforms.library.libcst_internals import scheduled_import_removals, set_unused_imports
 
 # Nodes an import statement can be inside of; the fast pass enters nothing else.
 _HOLDERS = (cst.Module, cst.BaseSuite, cst.BaseCompoundStatement, cst.SimpleStatementLine, cst.Else,
@@ -49,7 +50,7 @@ def _scheduled(context: CodemodContext) -> tuple[dict[str, str | None], dict[str
     """The removals as ``RemoveImportsVisitor`` reads them: module imports, and names imported from a module."""
     modules: dict[str, str | None] = {}
     objects: dict[str, set[tuple[str, str | None]]] = {}
-    for module, obj, alias in RemoveImportsVisitor._get_imports_from_context(context):
+    for module, obj, alias in scheduled_import_removals(context):
         if obj is None:
             modules[module] = alias
         else:
@@ -145,7 +146,7 @@ class _KnownUnused(FastDispatch, RemoveImportsVisitor):
         self._known = unused
 
     def visit_Module(self, node: cst.Module) -> None:
-        self._unused_imports = dict(self._known)
+        set_unused_imports(self, self._known)
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         return isinstance(node, _HOLDERS) and self._dispatch_visit(node)

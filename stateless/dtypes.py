@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from stateless.torch_internals import own_parameters
+
 _FLOATING = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
@@ -46,7 +48,7 @@ def module_dtype(module: nn.Module) -> Any:
     its own parameters come first in ``parameters()``: the first one is the
     parameter ``dtype`` reads (a model's shared weight, which is floating).
     """
-    own = [value for value in module._parameters.values() if value is not None]
+    own = [value for value in own_parameters(module).values() if value is not None]
     if all(isinstance(value, torch.Tensor) for value in own):
         return module.dtype
     return own[0].dtype

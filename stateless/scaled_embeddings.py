@@ -29,6 +29,7 @@ from torch import nn
 from stateless.layers import StatelessEmbedding
 from stateless.sharing import _set_submodule, _spec, call_shared, make_stateful, shared_weight, stateful_state_dict
 from stateless.sharing import make_stateless as _make_stateless
+from stateless.torch_internals import non_persistent_buffers, own_buffers
 
 __all__ = ["StatelessScaledEmbedding", "call_shared", "make_stateful", "make_stateless", "shared_weight",
            "stateful_state_dict"]
@@ -40,7 +41,7 @@ class StatelessScaledEmbedding(StatelessEmbedding):
     """A scaled embedding without its weight: ``forward(weight, input_ids)``, times the ``embed_scale`` buffer."""
 
     def __init__(self, embedding: nn.Embedding) -> None:
-        scale = embedding._buffers.get(SCALE)
+        scale = own_buffers(embedding).get(SCALE)
         number = embedding.__dict__.get(SCALE)  # BART's: a plain attribute
         buffer = isinstance(scale, torch.Tensor) and scale.dim() == 0
         if not buffer and not (isinstance(number, (int, float)) and not isinstance(number, bool)):
@@ -49,7 +50,7 @@ class StatelessScaledEmbedding(StatelessEmbedding):
         super().__init__(embedding.num_embeddings, embedding.embedding_dim, embedding.padding_idx, embedding.max_norm,
                          embedding.norm_type, embedding.scale_grad_by_freq, embedding.sparse)
         if buffer:
-            self.register_buffer(SCALE, scale, persistent=SCALE not in embedding._non_persistent_buffers_set)
+            self.register_buffer(SCALE, scale, persistent=SCALE not in non_persistent_buffers(embedding))
         else:
             self.embed_scale = number
         self.__dict__["_stateful"] = embedding  # not a submodule: its weight is the shared parameter
@@ -66,8 +67,8 @@ class StatelessScaledEmbedding(StatelessEmbedding):
         """The original module again, owning ``weight`` and this layer's (possibly moved) scale."""
         embedding: nn.Embedding = self.__dict__["_stateful"]
         embedding.weight = weight
-        if SCALE in self._buffers:
-            embedding._buffers[SCALE] = self._buffers[SCALE]
+        if SCALE in own_buffers(self):
+            own_buffers(embedding)[SCALE] = own_buffers(self)[SCALE]
         return embedding
 
 

@@ -19,6 +19,7 @@ from torch import nn
 
 from stateless.checks import is_None
 from stateless.layers import StatelessEmbedding, StatelessLinear
+from stateless.torch_internals import own_children, own_parameters, register_load_state_dict_pre_hook, set_own_children
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def make_stateless(model: nn.Module, *, shared: str, weight: str, users: Sequenc
         keys.append(tied_linear + ".weight")
     owner_name, _, attribute = shared.rpartition(".")
     owner = model.get_submodule(owner_name) if owner_name else model
-    order = tuple(owner._modules)
+    order = tuple(own_children(owner))
     if shared not in users:  # the holder is only registered under its own name (T5's shared): it goes
         delattr(owner, attribute)
     for name in users:  # a holder that is also a user (GPT-2's wte) is replaced in place
@@ -90,7 +91,7 @@ def make_stateless(model: nn.Module, *, shared: str, weight: str, users: Sequenc
                             tuple(own_modules))
     model.__dict__["_shared_weight_spec"] = spec
     # load_state_dict of a stock (HF-keyed) checkpoint keeps working.
-    model.__dict__["_shared_weight_hook"] = model._register_load_state_dict_pre_hook(_LoadHFKeys(spec))
+    model.__dict__["_shared_weight_hook"] = register_load_state_dict_pre_hook(model, _LoadHFKeys(spec))
     if callable(getattr(type(model), "save_pretrained", None)):  # shadows the class's, until make_stateful
         model.__dict__["save_pretrained"] = _SaveStock(model)
     return model
@@ -157,15 +158,16 @@ def make_stateful(model: nn.Module) -> nn.Module:
         raise ValueError("make_stateful: the stateless form records no embedding user")
     if spec.tied_linear is not None:
         _set_submodule(model, spec.tied_linear, model.get_submodule(spec.tied_linear).to_linear(parameter))
-    del model._parameters[spec.weight]
+    del own_parameters(model)[spec.weight]
     _set_submodule(model, spec.shared, embedding)
     for name in spec.users:
         own = name in spec.own_modules
         _set_submodule(model, name, model.get_submodule(name).to_embedding(parameter) if own else embedding)
     owner_name = spec.shared.rpartition(".")[0]
     owner = model.get_submodule(owner_name) if owner_name else model
-    owner._modules = {name: owner._modules[name] for name in spec.module_order if name in owner._modules} | {
-        name: module for name, module in owner._modules.items() if name not in spec.module_order}
+    children = own_children(owner)
+    set_own_children(owner, {name: children[name] for name in spec.module_order if name in children} | {
+        name: module for name, module in children.items() if name not in spec.module_order})
     model.__dict__.pop("_shared_weight_hook").remove()
     model.__dict__.pop("save_pretrained", None)
     del model.__dict__["_shared_weight_spec"]

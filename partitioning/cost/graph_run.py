@@ -15,13 +15,12 @@ from typing import Any
 
 import torch
 from torch.fx import GraphModule, Interpreter, Node
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
 from common.errors import UserError
 from partitioning.cost.crossing import NodeCosts
 from partitioning.cost.slices import OpFacts
+from stateless.torch_internals import TorchDispatchMode, op_schema, storage_id, tree_leaves, view_base
 
 
 def tensor_bytes(value: Any) -> int:
@@ -36,7 +35,7 @@ def _describe(node: Node, value: Any) -> str:
 
 def _storage(tensor: torch.Tensor) -> int | None:
     try:
-        return tensor.untyped_storage()._cdata
+        return storage_id(tensor)
     except (NotImplementedError, RuntimeError):  # a tensor without storage
         return None
 
@@ -55,7 +54,7 @@ class _OpRecorder(TorchDispatchMode):
         assert self.node is not None
         if torch.Tag.nondeterministic_seeded in func.tags:
             self.random.add(self.node)
-        schema = func._schema
+        schema = op_schema(func)
         if schema.is_mutable:
             given = list(args) + [kwargs.get(spec.name) for spec in schema.arguments[len(args):]]
             for spec, arg in zip(schema.arguments, given):
@@ -84,7 +83,8 @@ class CostingInterpreter(Interpreter):
         self._keep: list[Any] = []  # keeps ids (saved tensors, storages) unique while the run lasts
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        base = tensor if tensor._base is None else tensor._base
+        base = view_base(tensor)
+        base = tensor if base is None else base
         if not (base.is_leaf and base.requires_grad):
             self.saved[self._current].setdefault(id(base), base.numel() * base.element_size())
             self._keep.append(base)

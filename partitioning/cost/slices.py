@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.fx import Graph, Node
 
+from stateless.torch_internals import OpOverload, op_schema
+
 
 @dataclass
 class OpFacts:
@@ -91,11 +93,11 @@ def aten_facts(graph: Graph) -> OpFacts:
 
     for node in graph.nodes:
         target = node.target
-        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        if node.op != "call_function" or not isinstance(target, OpOverload):
             continue
         if torch.Tag.nondeterministic_seeded in target.tags:
             facts.random.add(node)
-        schema = target._schema
+        schema = op_schema(target)
         arguments = list(node.args) + [node.kwargs.get(a.name) for a in schema.arguments[len(node.args):]]
         aliased = {alias for ret in schema.returns if ret.alias_info is not None for alias in ret.alias_info.before_set}
         for spec, arg in zip(schema.arguments, arguments):

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from stateless.torch_internals import own_buffers, own_parameters
+
 DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 
 
@@ -33,7 +35,7 @@ def move(modules: Iterable[nn.Module], convert: Callable[[torch.Tensor], torch.T
     done: dict[int, torch.Tensor] = {}
     for module in modules:
         for owner in module.modules():
-            tables: tuple[dict[str, Any], ...] = (owner._parameters, owner._buffers)
+            tables: tuple[dict[str, Any], ...] = (own_parameters(owner), own_buffers(owner))
             for table in tables:
                 for leaf, tensor in list(table.items()):
                     if tensor is None:

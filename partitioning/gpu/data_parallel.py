@@ -13,6 +13,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from stateless.torch_internals import ignore_in_data_parallel
+
 
 class StageDDP(DistributedDataParallel):
     """DDP over a traced stage module, which the engine reads the graph of."""
@@ -27,7 +29,7 @@ class StageDDP(DistributedDataParallel):
 def data_parallel(stage: Any, module: nn.Module, tied: Sequence[str], group: dist.ProcessGroup,
                   device: torch.device) -> None:
     """Wrap ``stage``'s module in DDP over its replicas' ``group``; the ``tied`` copies are summed by the caller."""
-    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, list(tied))
+    ignore_in_data_parallel(module, tied)
     if any(p.requires_grad for name, p in module.named_parameters() if name not in tied):
         # the engine sees DDP and runs every backward but a step's last under no_sync()
         stage.submod = StageDDP(module, process_group=group, broadcast_buffers=False,

@@ -57,9 +57,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.pipelining import SplitPoint
+from torch.distributed.pipelining import Pipe, SplitPoint
 from torch.distributed.pipelining import schedules as engine
-from torch.distributed.pipelining._IR import Pipe, annotate_split_points
 
 from common.errors import UserError
 from families.models import SharedWeight
@@ -80,6 +79,7 @@ from partitioning.gpu.tied_sync import TiedWeights
 from partitioning.plan import Plan
 from partitioning.solve.costs import TIED_SUMS
 from partitioning.solve.schedules import SINGLE, orders, streams
+from stateless.torch_internals import annotate_split_points, new_group
 
 _PREFIX = "model."
 
@@ -164,7 +164,7 @@ class PipelineRun:
         self.last = chunk_count - 1 in self.chunks
         # Every rank makes every group, in the same order: the plan is the same on all of them.
         # the gradient links' own group per replica (on the stages' group their messages would mix with the engine's)
-        side = [dist.new_group(row) for row in (mesh.mesh.tolist() if mesh is not None else [list(range(world))])
+        side = [new_group(row) for row in (mesh.mesh.tolist() if mesh is not None else [list(range(world))])
                 ][dist.get_rank() // world] if any(stage.recompute for stage in plan.stages) else None
         wrapped = CarryInputs(model, self.input_names)
         annotate_split_points(wrapped, split_spec(plan, model, _PREFIX))

@@ -24,13 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from torch.distributed.pipelining._IR import aten_pipe_split_alias
 from torch.fx import Graph, GraphModule, Node
 
 from common.errors import UserError
 from partitioning.cost.slices import aten_facts, backward_slice
 from partitioning.gpu.gradient_return import GradientLink
 from partitioning.plan import Plan, value_key
+from stateless.torch_internals import OpOverload, op_schema, pipe_split_op
 
 
 @dataclass
@@ -58,7 +58,7 @@ def _stages(graph: Graph) -> tuple[dict[Node, int], list[Node]]:
     """Each node's stage (the pipe_split markers before it) and the markers themselves."""
     stage, stage_of, splits = 0, {}, []
     for node in graph.nodes:
-        if node.op == "call_function" and node.target is aten_pipe_split_alias:
+        if node.op == "call_function" and node.target is pipe_split_op():
             stage += 1
             splits.append(node)
         stage_of[node] = stage
@@ -147,8 +147,8 @@ def _drop_unused(graph: Graph, nodes: list[Node]) -> None:
     pending = list(nodes)
     while pending:
         node = pending.pop()
-        pure = (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
-                and not node.target._schema.is_mutable and torch.Tag.nondeterministic_seeded not in node.target.tags)
+        pure = (node.op == "call_function" and isinstance(node.target, OpOverload)
+                and not op_schema(node.target).is_mutable and torch.Tag.nondeterministic_seeded not in node.target.tags)
         if pure and not node.users:
             sources = node.all_input_nodes
             graph.erase_node(node)

@@ -10,11 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
-from torch.distributed.pipelining._backward import stage_backward_weight
 
 from common.errors import UserError
 from partitioning.plan import Plan
 from partitioning.solve.schedules import SCHEDULES, check_runs, check_virtual_stages, placement
+from stateless.torch_internals import drop_warmup_messages_to, stage_backward_weight
 
 
 def check_placement(plan: Plan, schedule: str, world: int, micro_batches: int) -> int:
@@ -44,9 +44,7 @@ def no_self_warmup(stage: Any) -> None:
     the rank itself, which gloo cannot pair ("Pair is not connected").  The
     runtime itself hands a same-rank neighbour its tensors in memory.
     """
-    warmup = stage._get_init_p2p_neighbors_ops
-    me = dist.get_rank()
-    stage._get_init_p2p_neighbors_ops = lambda: [op for op in warmup() if op.peer != me]
+    drop_warmup_messages_to(stage, dist.get_rank())
 
 
 def weight_groups_share_nodes(stage: Any) -> None:

@@ -21,14 +21,16 @@ import copy
 
 from torch import nn
 
+from stateless.torch_internals import own_children
+
 
 def copy_stateless_leaves(model: nn.Module) -> int:
     """Replace every registered leaf module without parameters or buffers by its own copy; how many."""
     copies = 0
     for parent in list(model.modules()):
-        for name, child in list(parent._modules.items()):
+        for name, child in list(own_children(parent).items()):
             if (child is not None and next(child.children(), None) is None
                     and next(child.parameters(), None) is None and next(child.buffers(), None) is None):
-                parent._modules[name] = copy.deepcopy(child)
+                own_children(parent)[name] = copy.deepcopy(child)
                 copies += 1
     return copies

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils._pytree import tree_leaves
 
 from common.errors import UserError
+from stateless.torch_internals import autograd_sequence_nr, tree_leaves
 
 
 @dataclass
@@ -73,7 +73,7 @@ class TiedCopy:
             seen.add(node)
             for index, (following, _) in enumerate(node.next_functions):
                 if following is accumulate:
-                    uses.append((node._sequence_nr(), node, index))
+                    uses.append((autograd_sequence_nr(node), node, index))
                 pending.append(following)
         grads: list[torch.Tensor | None] = [None] * len(uses)
         self.uses = len(uses)

@@ -17,6 +17,7 @@ from common.errors import UserError
 from partitioning.gpu.tied import TiedCopy, ordered_sum
 from partitioning.gpu.tied_stream import TiedStream, stream_backward
 from partitioning.solve.schedules import chain_streams
+from stateless.torch_internals import new_group
 
 
 class TiedWeights:
@@ -38,10 +39,11 @@ class TiedWeights:
         for name, holders in sorted(holding.items()):
             ranks = tuple(sorted({ranks_of[c] for c in holders}))
             # every rank takes part in creating every group; global rank = replica * ranks per replica + rank
-            group = dist.new_group([d * stages + r for d in range(replicas) for r in ranks])
+            group = new_group([d * stages + r for d in range(replicas) for r in ranks])
             mine = [c for c in holders if c in local]
             if not mine:
                 continue
+            assert group is not None, name  # a rank holding a copy is one of the group's
             source = local[mine[0]][name]  # the first holder's copy, where this rank holds it
             with torch.no_grad():  # from replica 0's first holder: the group's ranks are replica-major
                 dist.broadcast(source.data, group=group, group_src=ranks.index(ranks_of[holders[0]]))

@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-from torch.distributed.pipelining import schedules as engine
 
 from common.atomic import write_atomic
+from stateless.torch_internals import SPLIT_INPUTS, p2p_helpers, set_p2p_helpers
 
 FORMAT = 1
 COMPUTE = ("F", "B", "I", "W")
@@ -106,7 +106,7 @@ class Recorder:
             self._undo.pop()()
 
     def _patch_p2p(self) -> Callable[[], None]:
-        post, wait = engine._batch_p2p, engine._wait_batch_p2p
+        post, wait = p2p_helpers()
 
         def batch_p2p(ops: list[dist.P2POp], desc: str | None = None) -> list[dist.Work]:
             if not ops:  # the engine asks for every (possibly empty) batch: only real messages are events
@@ -127,10 +127,10 @@ class Recorder:
                 wait(works)
             for work in works:
                 self._labels.pop(id(work), None)
-        engine._batch_p2p, engine._wait_batch_p2p = batch_p2p, wait_batch_p2p  # type: ignore[assignment]
+        set_p2p_helpers(batch_p2p, wait_batch_p2p)
 
         def restore() -> None:
-            engine._batch_p2p, engine._wait_batch_p2p = post, wait
+            set_p2p_helpers(post, wait)
         return restore
 
 
@@ -144,7 +144,7 @@ def attach(run: Any) -> Recorder:
                       lambda mb, *a, _c=chunk, full_backward=True, **k: ("B" if full_backward else "I", _c, mb))
         recorder.wrap(stage, "backward_weight_one_chunk", lambda mb, *a, _c=chunk, **k: ("W", _c, mb))
         recorder.wrap(stage, "perform_reduce_grad", lambda *a, _c=chunk, **k: ("reduce_grad", _c, -1))
-    recorder.wrap(run.schedule, "_split_inputs", lambda *a, **k: ("split_inputs", -1, -1))
+    recorder.wrap(run.schedule, SPLIT_INPUTS, lambda *a, **k: ("split_inputs", -1, -1))
     recorder.wrap(run, "sync_tied_gradients", lambda *a, **k: ("tied_sync", -1, -1))
     for link in run.recomputation.links:
         for name in ("send", "receive", "finish"):

@@ -8,6 +8,7 @@ import torch
 
 from partitioning.ipu.errors import IPUError, require_poptorch
 from partitioning.ipu.placement import Placement
+from stateless.torch_internals import forward_hooks
 
 
 class RecomputeCheckpoint:
@@ -99,8 +100,8 @@ def deparallelize(model: torch.nn.Module) -> torch.nn.Module:
     added."""
     require_poptorch().removeBlocks(model)
     for module in model.modules():
-        for key in [key for key, hook in module._forward_hooks.items() if isinstance(hook, RecomputeCheckpoint)]:
-            del module._forward_hooks[key]
+        for key in [key for key, hook in forward_hooks(module).items() if isinstance(hook, RecomputeCheckpoint)]:
+            del forward_hooks(module)[key]
         if isinstance(module.__dict__.get("forward"), SerializedForward):
             del module.forward
     return model

@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 from torch.distributed.pipelining import schedules as engine
 
 from common.errors import UserError
+from stateless.torch_internals import action_parts
 
 AUTO = "auto"
 
@@ -155,10 +156,10 @@ def _flatten(actions: Sequence[Any]) -> list[Action]:
     for action in actions:
         if action is None:
             continue
-        for each in action.sub_actions or (action,):  # OVERLAP_F_B: the runtime runs its parts in turn
-            kind = each.computation_type.value
+        for chunk, kind, micro_batch in action_parts(action):  # OVERLAP_F_B: the runtime runs its parts in turn
             if kind in ("F", "B", "I", "W"):
-                flat.append(Action(each.stage_index, kind, each.microbatch_index))
+                assert micro_batch is not None, action  # every compute action names its micro-batch
+                flat.append(Action(chunk, kind, micro_batch))
     return flat
 
 

@@ -27,6 +27,7 @@ from families.models import SharedWeight
 from families.shapes import check_rope_fields, make_config
 from partitioning.train.checkpoint import CONFIG, Checkpoint, describe_shape
 from partitioning.train.memory import release_freed_memory
+from stateless.torch_internals import own_buffers, own_parameters
 
 
 @contextmanager
@@ -37,7 +38,7 @@ def parameters_on_meta() -> Iterator[None]:
     def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
         register(module, name, param)
         if param is not None and param.device.type != "meta":
-            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+            own_parameters(module)[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
 
     nn.Module.register_parameter = on_meta  # type: ignore[method-assign,assignment]
     try:
@@ -84,16 +85,16 @@ def build_meta(family: ModelFamily, class_name: str, config: Any) -> MetaModel:
     first_name = {id(p): name for name, p in reversed(list(named.items()))}
     buffers = {}
     for module_name, module in model.named_modules(remove_duplicate=False):
-        for leaf, buffer in list(module._buffers.items()):
+        for leaf, buffer in list(own_buffers(module).items()):
             if buffer is None:
                 continue
             name = f"{module_name}.{leaf}" if module_name else leaf
             keys[name] = tuple(stock[id(buffer)])
             buffers[name] = buffer
     for module in model.modules():
-        for leaf, buffer in list(module._buffers.items()):
+        for leaf, buffer in list(own_buffers(module).items()):
             if buffer is not None and buffer.device.type != "meta":
-                module._buffers[leaf] = buffer.to("meta")
+                own_buffers(module)[leaf] = buffer.to("meta")
     release_freed_memory()
     return MetaModel(model, keys, [first_name[i] for i in stock_order], buffers, state_keys,
                      tuple(getattr(model_class, "_keys_to_ignore_on_load_missing", None) or ()),
@@ -199,7 +200,8 @@ def materialize(module: nn.Module, meta: MetaModel, checkpoint: Checkpoint, devi
     several names is read once and stays shared."""
     replaced: dict[int, torch.Tensor] = {}
     for owner_name, owner in module.named_modules(remove_duplicate=False):
-        for table in (owner._parameters, owner._buffers):
+        tables: tuple[dict[str, Any], ...] = (own_parameters(owner), own_buffers(owner))
+        for table in tables:
             for leaf, tensor in list(table.items()):
                 if tensor is None or tensor.device.type != "meta":
                     continue

@@ -30,6 +30,7 @@ from partitioning.plan import Plan
 from partitioning.solve.partition import Settings
 from partitioning.train.checkpoint import Checkpoint
 from partitioning.train.model import MetaModel, build_meta, check_checkpoint, checkpoint_config, materialize
+from stateless.torch_internals import foreach_norms, new_group
 
 PREFIX = "model."  # the stage modules' names: PipelineRun wraps the model as ``model``
 
@@ -117,9 +118,8 @@ class StageModel:
         grads = {self.names[name]: p.grad for name, p in self.module.named_parameters()
                  if name in self.owned and p.grad is not None}
         local = list(grads.values())
-        if local and torch.nn.utils.clip_grad._has_foreach_support(local, local[0].device):
-            norms = list(torch._foreach_norm(local, 2.0))
-        else:
+        norms = foreach_norms(local)
+        if norms is None:
             norms = [torch.linalg.vector_norm(g, 2.0) for g in local]
         mine = {name: norm.cpu() for name, norm in zip(grads, norms)}
         everyone: list[dict[str, torch.Tensor] | None] = [None] * self.stages
@@ -148,10 +148,12 @@ def _mesh(replicas: int, stages: int, device: torch.device) -> DeviceMesh | None
     # every rank creates every group, in one order, as it does the tied-weight groups that follow
     layout = torch.arange(replicas * stages).reshape(replicas, stages)
     rank = dist.get_rank()
-    dp = [dist.new_group(column.tolist()) for column in layout.T]
-    pp = [dist.new_group(row.tolist()) for row in layout]
+    dp = [new_group(column.tolist()) for column in layout.T]
+    pp = [new_group(row.tolist()) for row in layout]
     replica, stage = divmod(rank, stages)
-    return DeviceMesh.from_group([dp[stage], pp[replica]], device.type, layout, mesh_dim_names=("dp", "pp"))
+    column, row = dp[stage], pp[replica]
+    assert column is not None and row is not None, rank  # the rank's own column and row
+    return DeviceMesh.from_group([column, row], device.type, layout, mesh_dim_names=("dp", "pp"))
 
 
 def load_stage(plan: Plan, checkpoint: Path, device: torch.device | None = None,

@@ -24,6 +24,7 @@ from partitioning.cli import main as partition_model
 from partitioning.files import read_plan
 from partitioning.ipu.checkpoint import load_model, load_placed_model
 from partitioning.ipu.errors import IPUError
+from stateless.torch_internals import forward_pre_hooks
 
 
 @pytest.fixture
@@ -59,7 +60,7 @@ def test_the_placed_model_holds_the_checkpoint(standin, placed: Path, form: str)
     got, want = model.stateful_state_dict(), expected.state_dict()
     assert sorted(got) == sorted(want)
     assert [key for key in want if not torch.equal(got[key], want[key])] == []
-    hooks = [h for m in model.modules() for h in m._forward_pre_hooks.values() if type(h).__name__ == "_BlockHook"]
+    hooks = [h for m in model.modules() for h in forward_pre_hooks(m).values() if type(h).__name__ == "_BlockHook"]
     assert len(hooks) == code.read_text().count("poptorch.BeginBlock(") > 0
     inputs = batch(expected.config)
     with torch.no_grad(), standin.ipu_tracing() as tracer:

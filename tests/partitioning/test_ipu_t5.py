@@ -29,6 +29,7 @@ from partitioning.ipu.errors import IPUError
 from partitioning.ipu.placement import Placement, plan_ipu
 from partitioning.ipu.target import placement_files
 from partitioning.plan import Block, Plan, Stage
+from stateless.torch_internals import forward_hooks, forward_pre_hooks
 
 KEEP = IPUConfig(rebalance_shared=False)  # the plan's stages exactly, as the acceptance asks
 FORMS = ("stateful", "stateless")
@@ -189,11 +190,11 @@ def test_deparallelize_removes_every_annotation(standin, tmp_path: Path, form: s
                          t5_roles(tied=True, stateless=form == "stateless"))
     write_placement(placement, tmp_path / "code.py")
     code = load(tmp_path / "code.py")
-    hooks = (len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+    hooks = (len(forward_pre_hooks(m)) + len(forward_hooks(m)) for m in model.modules())
     before = sum(hooks)
     code.parallelize(model)
     code.deparallelize(model)
-    assert sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules()) == before
+    assert sum(len(forward_pre_hooks(m)) + len(forward_hooks(m)) for m in model.modules()) == before
     with poptorch_standin.ipu_tracing() as tracer:
         run(model, inputs(masks=False))
     assert tracer.starts == [] and tracer.checkpoints == []
@@ -227,7 +228,7 @@ def test_generated_code_and_runtime_apply_make_the_same_calls(standin, tmp_path:
     assert checkpointed == {user_id(name) for name in placement.recompute}
     apply.deparallelize(models[1])
     assert not any(isinstance(h, apply.RecomputeCheckpoint) for m in models[1].modules()
-                   for h in m._forward_hooks.values())
+                   for h in forward_hooks(m).values())
 
 
 def test_the_partitioners_own_plan_places_and_runs(standin) -> None:

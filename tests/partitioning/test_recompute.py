@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from support.t5_models import T5, config
-from torch.distributed.pipelining._IR import Pipe, annotate_split_points
+from torch.distributed.pipelining import Pipe
 
 from common.errors import UserError
 from families.models import MicroBatch, SharedWeight
@@ -33,6 +33,7 @@ from partitioning.solve.partition import (
     partition,
     recompute_seconds,
 )
+from stateless.torch_internals import OpOverload, annotate_split_points
 
 MB = MicroBatch(2, {"source": 7, "target": 5})
 ENCODER_BIAS = "encoder.block.0.layer.0.SelfAttention:float32[2, 2, 7, 7]"
@@ -61,7 +62,7 @@ def _slices() -> dict[str, tuple[bool, str, list[str]]]:
     facts = aten_facts(graph)
     found = {}
     for node in graph.nodes:
-        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        if node.op == "call_function" and isinstance(node.target, OpOverload):
             piece = backward_slice(node, lambda n: n.op in ("get_attr", "placeholder"), facts)
             found[node.name] = (piece.replayable, piece.reason, [n.name for n in piece.nodes])
     return found

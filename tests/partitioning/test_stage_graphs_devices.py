@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.distributed.pipelining import SplitPoint
-from torch.distributed.pipelining._IR import Pipe, annotate_split_points
+from torch.distributed.pipelining import Pipe, SplitPoint
 
 from partitioning.gpu.stage_graphs import retarget_devices
+from stateless.torch_internals import annotate_split_points
 
 
 class Masked(torch.nn.Module):

@@ -8,7 +8,7 @@ the relay prevents: before the fix the third consumer kept reading stage 0's out
 
 from __future__ import annotations
 
-from torch.distributed.pipelining._IR import Pipe, annotate_split_points
+from torch.distributed.pipelining import Pipe
 
 from families.family import ModelFamily
 from families.models import make_inputs
@@ -20,6 +20,7 @@ from partitioning.gpu.stage_graphs import relay_along_chain
 from partitioning.solve.partition import Settings, build_plan
 from partitioning.train.model import build_meta
 from partitioning.train.stage import plan_model
+from stateless.torch_internals import annotate_split_points
 
 
 def test_a_value_read_by_every_stage_goes_to_one_stage_at_a_time() -> None:

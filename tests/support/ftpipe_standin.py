@@ -54,6 +54,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from stateless.torch_internals import own_buffers, own_children, own_parameters
+
 # torch's "creation ops" and "indexing, slicing, joining" functions FTPipe rebinds (its tensor_creation_ops).
 REBOUND_TORCH = (
     "tensor", "sparse_coo_tensor", "as_tensor", "as_strided", "from_numpy", "zeros", "zeros_like", "ones",
@@ -379,7 +381,7 @@ class Layer(nn.Module):
 
 def _run_non_leaf(tracer: _Tracer, module: nn.Module, args: tuple, kwargs: dict) -> Traced:
     """Run ``module``'s Python forward with its own parameters and buffers wrapped too."""
-    stores: tuple[dict[str, Any], ...] = (module._parameters, module._buffers)
+    stores: tuple[dict[str, Any], ...] = (own_parameters(module), own_buffers(module))
     own = [(store, name) for store in stores for name, value in store.items() if value is not None]
     originals = {(id(store), name): store[name] for store, name in own}
     for store, name in own:
@@ -409,7 +411,7 @@ class _Rebound:
 
 def _wrap_children(module: nn.Module, prefix: str, tracer: _Tracer, basic_blocks: tuple[type, ...],
                    undo: list[tuple[nn.Module, str, nn.Module]]) -> None:
-    for name, child in list(module._modules.items()):
+    for name, child in list(own_children(module).items()):
         if child is None or isinstance(child, Layer):
             continue
         if isinstance(child, (nn.ParameterList, nn.ParameterDict)):
@@ -418,7 +420,7 @@ def _wrap_children(module: nn.Module, prefix: str, tracer: _Tracer, basic_blocks
         qualified = f"{prefix}.{name}"
         if not leaf:
             _wrap_children(child, qualified, tracer, basic_blocks, undo)
-        module._modules[name] = Layer(child, qualified, leaf, tracer)
+        own_children(module)[name] = Layer(child, qualified, leaf, tracer)
         undo.append((module, name, child))
 
 
@@ -447,4 +449,4 @@ def trace(model: nn.Module, kwargs: dict[str, Any], *, traced: Iterable[tuple[An
         for namespace, name, original in saved:
             setattr(namespace, name, original)
         for parent, name, child in reversed(undo):
-            parent._modules[name] = child
+            own_children(parent)[name] = child

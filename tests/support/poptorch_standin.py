@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from stateless.torch_internals import forward_pre_hooks
+
 # A block start as BeginBlock gives it: (user_id, ipu_id), either of which PopTorch lets the caller leave out.
 Stage = tuple[str | None, int | None]
 
@@ -81,7 +83,7 @@ def BeginBlock(layer_to_call: torch.nn.Module, user_id: str | None = None,  # no
                ipu_id: int | None = None) -> torch.nn.Module:
     if not isinstance(layer_to_call, torch.nn.Module):
         raise TypeError("module is not an instance of torch.nn.Module")
-    if any(isinstance(hook, _BlockHook) for hook in layer_to_call._forward_pre_hooks.values()):
+    if any(isinstance(hook, _BlockHook) for hook in forward_pre_hooks(layer_to_call).values()):
         raise RuntimeError("module has already been assigned to a block.")
     layer_to_call.register_forward_pre_hook(_BlockHook(user_id, ipu_id))
     return layer_to_call
@@ -89,8 +91,8 @@ def BeginBlock(layer_to_call: torch.nn.Module, user_id: str | None = None,  # no
 
 def removeBlocks(module: torch.nn.Module) -> None:  # noqa: N802
     for m in module.modules():
-        for key in [k for k, hook in m._forward_pre_hooks.items() if isinstance(hook, _BlockHook)]:
-            del m._forward_pre_hooks[key]
+        for key in [k for k, hook in forward_pre_hooks(m).items() if isinstance(hook, _BlockHook)]:
+            del forward_pre_hooks(m)[key]
 
 
 def recomputationCheckpoint(tensor: torch.Tensor) -> torch.Tensor:  # noqa: N802

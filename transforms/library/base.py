@@ -16,6 +16,7 @@ from libcst.codemod.visitors import RemoveImportsVisitor
 from common.schema import NoOptions, parse_options
 from transforms.analysis.scopes import ModuleIndex
 from transforms.library.dispatch import FastDispatch
+from transforms.library.libcst_internals import set_up_without_matchers, uses_matcher_decorators
 from transforms.library.positions import located
 
 # Keys of a context's scratch that the pipeline fills.
@@ -70,9 +71,7 @@ class Transform(FastDispatch, VisitorBasedCodemodCommand):
             # What libcst's set-up leaves in a class without matcher decorators (found so by the first
             # instance), without its three scans of the class's thousand-odd attributes per instance.
             Codemod.__init__(self, context)
-            self._matchers = {}
-            self._extra_visit_funcs = {}
-            self._extra_leave_funcs = {}
+            set_up_without_matchers(self)
         else:
             super().__init__(context)
         if options is None:
@@ -87,7 +86,7 @@ class Transform(FastDispatch, VisitorBasedCodemodCommand):
         # are on methods, so one answer per class.
         plain = _PLAIN.get(type(self))
         if plain is None:
-            plain = _PLAIN[type(self)] = not (self._extra_visit_funcs or self._extra_leave_funcs or self._matchers)
+            plain = _PLAIN[type(self)] = not uses_matcher_decorators(self)
         self._plain = plain
 
     def note(self, line: str) -> None:

@@ -18,6 +18,8 @@ from typing import Any
 
 import libcst as cst
 
+from transforms.library.libcst_internals import is_no_op_stub
+
 _TABLES: dict[type, dict[Any, str | None]] = {}
 
 
@@ -34,7 +36,7 @@ def _lookup(cls: type, key: Any) -> str | None:
         kind, node_type, attribute = key
         name = f"{kind}_{node_type.__name__}" + (f"_{attribute}" if attribute else "")
         function = getattr(cls, name, None)
-        table[key] = None if function is None or getattr(function, "_is_no_op", False) else name
+        table[key] = None if function is None or is_no_op_stub(function) else name
     return table[key]
 
 
