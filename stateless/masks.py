@@ -45,7 +45,7 @@ only choose between ``None`` and the zero mask in HF, and have no effect here;
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx
@@ -98,6 +98,7 @@ def create_bidirectional_mask(
     or_mask_function: Callable[..., Any] | None = None,
     and_mask_function: Callable[..., Any] | None = None,
     allow_is_bidirectional_skip: bool = True,
+    position_ids: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
     """HF 5.23.0's eager bidirectional mask without a cache: every unpadded key is visible; zeros where HF returns None.
@@ -110,7 +111,17 @@ def create_bidirectional_mask(
     _refuse_cache_arguments("create_bidirectional_mask", past_key_values=past_key_values,
                             or_mask_function=or_mask_function, and_mask_function=and_mask_function)
     _check_padding_mask("create_bidirectional_mask", attention_mask)
-    return _eager_mask(inputs_embeds, attention_mask, encoder_hidden_states, causal=False)
+    mask = _eager_mask(inputs_embeds, attention_mask, encoder_hidden_states, causal=False)
+    if is_not_None(position_ids) and is_None(attention_mask) and is_None(encoder_hidden_states):
+        # 5.25 passes the positions, and HF then reads them for packed sequences (a new one wherever a position is
+        # not the previous one + 1): a token sees the keys of its own sequence only. HF skips this where every row
+        # is one sequence, and then every pair is of one sequence: the same mask either way, with no branch on values.
+        positions = cast(torch.Tensor, position_ids)  # is_not_None narrows nothing for mypy
+        first = positions[:, :1] - 1
+        packed = (torch.diff(positions, prepend=first, dim=-1) != 1).cumsum(-1)
+        same = packed[:, None, :, None] == packed[:, None, None, :]
+        mask = mask.masked_fill(~same, finfo(mask.dtype).min)
+    return mask
 
 
 def _eager_mask(inputs_embeds: torch.Tensor, attention_mask: Any, encoder_hidden_states: Any,

@@ -5,6 +5,7 @@
 # specialized arguments: past_key_values=None, use_cache=False
 # specialized: ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward) -> eager_attention_forward (eager attention: the registry's default, what stock computes with attn_implementation='eager')
 # specialized: 0.0 if not self.training else self.dropout.p -> self.dropout.p (the rate only matters in training, where it is self.dropout.p: a traced graph keeps it for .train())
+# specialized: create_causal_mask(config=self.config, inputs_embeds=embedding_output, attention_mask=attention_mask, past_key_values=past_key_values, position_ids=position_ids) -> create_causal_mask(config=self.config, inputs_embeds=embedding_output, attention_mask=attention_mask, past_key_values=past_key_values, position_ids=None) (stock's decoder has a cache by default, with which HF reads no positions for packed sequences)
 # specialized arguments: encoder_hidden_states=None, encoder_attention_mask=None
 # regenerate: convert-model bert --version 5.25.0
 
@@ -612,13 +613,7 @@ class BertModel(BertPreTrainedModel):
         position_ids,
     ):
         if self.config.is_decoder:
-            attention_mask = stateless.causal_masks.create_causal_mask(
-                config=self.config,
-                inputs_embeds=embedding_output,
-                attention_mask=attention_mask,
-                past_key_values=None,
-                position_ids=position_ids,
-            )
+            attention_mask = stateless.causal_masks.create_causal_mask(config=self.config, inputs_embeds=embedding_output, attention_mask=attention_mask, past_key_values=None, position_ids=None)
         else:
             attention_mask = stateless.masks.create_bidirectional_mask(
                 config=self.config,
