@@ -95,7 +95,8 @@ def run(files: dict[PurePosixPath, str], recipe: Recipe, version: str, install: 
             paths.insert(0, str(install.directory))  # that release, and not the one a PYTHONPATH may name
         elif os.environ.get("PYTHONPATH"):
             paths.append(os.environ["PYTHONPATH"])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+        hidden = {} if install.directory is None else installed.tokenizers_hidden(install.directory)
+        env = {**os.environ, **hidden, "PYTHONPATH": os.pathsep.join(paths)}
         proc = subprocess.run([sys.executable, "-m", "converter.trace_check", str(root / "spec.json")],
                               capture_output=True, text=True, stdin=subprocess.DEVNULL, env=env)
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]

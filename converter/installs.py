@@ -30,6 +30,7 @@ from common.errors import UserError
 from common.versions import Release as ReleaseNumber
 from common.versions import VersionError, VersionRange
 from converter.recipes import load_recipes
+from families import installed
 from families.installed import SIDE_BY_SIDE as SETUP_ROOT
 from families.installed import STAMP
 
@@ -170,7 +171,7 @@ def install(release: Release, root: Path, python: str = sys.executable) -> float
         if proc.returncode != 0:
             raise InstallError(f"pip install of {' '.join(release.pip_requirements)} failed "
                                f"(exit {proc.returncode})", proc.stdout + proc.stderr)
-        env = {**os.environ, "PYTHONPATH": str(partial)}
+        env = {**os.environ, **installed.tokenizers_hidden(partial), "PYTHONPATH": str(partial)}
         probe = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, env=env,
                                stdin=subprocess.DEVNULL, cwd=partial)
         if probe.returncode != 0:

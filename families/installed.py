@@ -94,11 +94,17 @@ def release(package: str) -> tuple[str | None, str]:
     return str(getattr(module, "__version__", None) or "of unknown release"), str(getattr(module, "__file__", "?"))
 
 
+def tokenizers_hidden(directory: Path) -> dict[str, str]:
+    """The environment a process importing the install in ``directory`` adds: NO_TOKENIZERS where it has no
+    tokenizers of its own (the venv's would be seen, and such a release refuses it at import)."""
+    return {} if (directory / "tokenizers").is_dir() else {NO_TOKENIZERS: "1"}
+
+
 def get_command(package: str, version: str) -> str:
     """The exact way to run a command with ``package`` ``version``, from any directory."""
     directory = side_by_side(package, version)
     if directory is not None:
-        hide = "" if (directory / "tokenizers").is_dir() else f"{NO_TOKENIZERS}=1 "
+        hide = "".join(f"{name}={value} " for name, value in tokenizers_hidden(directory).items())
         return f"{hide}PYTHONPATH={shlex.quote(str(directory))} before the command runs it with {package} {version}"
     return f"pip install {package}=={version}"
 

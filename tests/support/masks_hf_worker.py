@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: run as a script, it imports the support package
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the repository: families (support.release_process reads it)
 from support.release_process import wrong_release  # noqa: E402
 
 FUNCTIONS = ("create_causal_mask", "create_bidirectional_mask")

@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from families.installed import tokenizers_hidden
+
 
 def environment(install_dir: Path) -> dict[str, str]:
     """This process's environment, with PYTHONPATH the release's directory and nothing else."""
-    return {**os.environ, "PYTHONPATH": str(install_dir), "OMP_NUM_THREADS": "1"}
+    return {**os.environ, **tokenizers_hidden(install_dir), "PYTHONPATH": str(install_dir), "OMP_NUM_THREADS": "1"}
 
 
 def wrong_release(release: str, install_dir: Path) -> str | None:
