@@ -120,12 +120,12 @@ def test_an_unverified_release_accepted_unchecked_converts_with_a_warning(tmp_pa
 
 def test_an_unverified_release_a_transform_cannot_apply_to_is_one_line(tmp_path: Path,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    """A release after 5.23.0 whose attention function no longer drops out: dropout_module finds nothing.
+    """A release after 5.25.0 whose attention function no longer drops out: dropout_module finds nothing.
 
-    The source is 5.23.0's with that one line gone, converted as an unverified 5.99.0: the release
+    The source is 5.25.0's with that one line gone, converted as an unverified 5.99.0: the release
     ranges select the 5.x steps, and a step finding nothing is an error there, so nothing is written.
     """
-    install = REPO / ".venv/transformers/5.23.0"
+    install = REPO / ".venv/transformers/5.25.0"
     assert (install / T5_MEMBER).is_file(), "run bash scripts/setup.sh (installs every release side by side)"
     text = (install / T5_MEMBER).read_text(encoding="utf-8")
     line = "    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)\n"
