@@ -6,6 +6,7 @@ planned by partition-model in a process whose transformers is 5.23.0, as a user 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -159,5 +160,8 @@ def test_partition_model_plans_releases_declaring_no_plan(family: str, release: 
                              timeout=300)
     assert planned.returncode == 0, planned.stderr[-2000:]
     assert "embed_tokens .. " in planned.stdout and ".. lm_head" in planned.stdout
-    assert "recomputed, not sent: model:float32[8, 1, 2048, 2048]" in planned.stdout  # the causal mask
-    assert (tmp_path / "plan.json").is_file()
+    # The causal mask is a value the stages may recompute from attention_mask instead of receiving it (whether
+    # they do is the solver's trade of its send time against the stage costs: Gemma 3's plan here sends it).
+    values = {value["key"]: value for value in json.loads((tmp_path / "plan.json").read_text())["values"]}
+    mask = values["model:float32[8, 1, 2048, 2048]"]
+    assert mask["recompute"] is not None and [name for name, _ in mask["recompute"]["inputs"]] == ["attention_mask"]

@@ -1,13 +1,14 @@
-"""stateless/masks.py: equal to transformers 5.23.0's own eager masks, traceable by fx and torch.export.
+"""stateless/masks.py: equal to the newest verified transformers' own eager masks, traceable by fx and torch.export.
 
-HF's masks come from one process importing exactly that release (tests/masks_hf_worker.py, run
-with PYTHONPATH=.venv/transformers/5.23.0); this process calls ours on the same tensors, with a
-real T5Config of .venv's transformers.
+HF's masks come from one process importing exactly that release (tests/support/masks_hf_worker.py, run
+with PYTHONPATH=.venv/transformers/<release>); this process calls ours on the same tensors, with a
+real T5Config of the suite's transformers.
 """
 
 from __future__ import annotations
 
 import inspect
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -79,14 +80,24 @@ def ours(case: dict[str, Any], **changes: Any) -> torch.Tensor:
     return OURS[case["function"]](config=t5_config(case["is_causal"]), **{**case["kwargs"], **changes})
 
 
+def declared_renames() -> dict[str, str]:
+    """New name -> old name, as the release's masking_utils declares them (``@deprecate_kwarg(old, version,
+    new_name=new)``): the generated code passes the old names (transforms/renamed_keywords.py)."""
+    source = (installer.install_dir(RELEASE) / "transformers" / "masking_utils.py").read_text()
+    return {new: old for old, new in re.findall(r'@deprecate_kwarg\(\s*"(\w+)",[^)]*?new_name="(\w+)"', source)}
+
+
 def signature_problems(hf: dict[str, Any]) -> list[str]:
-    """Same parameter names, order, kinds and defaults: the redirected call binds the same way."""
+    """Same parameter names, order, kinds and defaults as HF's with its renames undone: the redirected call binds
+    the same way."""
     assert set(hf["signatures"]) == set(FUNCTIONS) == set(OURS)
+    renames = declared_renames()
     problems = []
     for name, function in OURS.items():
         mine = [[p.name, p.kind.name, repr(p.default)] for p in inspect.signature(function).parameters.values()]
-        if mine != hf["signatures"][name]:
-            problems.append(f"{name}: {mine} != HF's {hf['signatures'][name]}")
+        theirs = [[renames.get(parameter, parameter), *rest] for parameter, *rest in hf["signatures"][name]]
+        if mine != theirs:
+            problems.append(f"{name}: {mine} != HF's {theirs} (renames undone: {renames})")
     return problems
 
 

@@ -6,7 +6,8 @@ tests/test_stateless_masks.py runs it once and compares stateless/masks.py with 
         --install-dir .venv/transformers/5.23.0 --out hf_masks.pt
 
 The file (``torch.save``, loadable with ``weights_only=True``) holds ``{"signatures": {function:
-[[name, kind, repr(default)], ...]}, "cases": [...]}``; a case is ``{"name", "function",
+[[name, kind, repr(default)], ...]}, "cases": [...]}``, each signature the function's own under any decorator
+(5.24's ``deprecate_kwarg`` shows an extra keyword-only alias); a case is ``{"name", "function",
 "is_causal", "kwargs", "expected"}``: the tensors and flags HF's function was called with (all by
 name, besides ``config=T5Config(attn_implementation="eager")``, with ``is_causal=False`` where the
 case says so; no cache) and what it returned, a tensor or None.  Exit 2 when the process imported
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     records = [{"name": name, "function": function, "is_causal": is_causal, "kwargs": kwargs,
                 "expected": getattr(masking_utils, function)(config=configs[is_causal], **kwargs)}
                for name, function, is_causal, kwargs in cases()]
-    torch.save({"signatures": {name: signature(getattr(masking_utils, name)) for name in FUNCTIONS},
+    torch.save({"signatures": {name: signature(inspect.unwrap(getattr(masking_utils, name))) for name in FUNCTIONS},
                 "cases": records}, args.out)
     return 0
 
