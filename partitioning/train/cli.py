@@ -58,6 +58,7 @@ class Request:
     node_rank: int | None = None
     rdzv_endpoint: str | None = None
     models_dir: Path | None = None  # the generated code (default: the directory the plan records)
+    decay_all_parameters: bool = False
     text: Path | None = None  # raw text for a causal LM, with the tokenizer directory
     tokenizer: Path | None = None
     config_from_checkpoint: bool = False  # config fields the plan has otherwise: the checkpoint's (with a warning)
@@ -101,7 +102,11 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--save", type=nonempty_path, help="write the checkpoint here (a HF model directory)")
     parser.add_argument("--save-every", type=positive_int, help="also save every N steps (default: at the end)")
     parser.add_argument("--lr", type=positive_number, default=5e-5, help="AdamW learning rate (default 5e-5)")
-    parser.add_argument("--weight-decay", type=_nonnegative, default=0.0)
+    parser.add_argument("--weight-decay", type=_nonnegative, default=0.0,
+                        help="AdamW's decoupled weight decay (default 0), as HF Trainer: none on biases and norm "
+                             "weights")
+    parser.add_argument("--decay-all-parameters", action="store_true",
+                        help="weight decay on every parameter, biases and norms included (one AdamW group)")
     parser.add_argument("--betas", type=_betas, default=(0.9, 0.999), help="B1,B2 (default 0.9,0.999)")
     parser.add_argument("--eps", type=positive_number, default=1e-8)
     parser.add_argument("--warmup-steps", type=count, default=0, help="linear warm-up from 0 (default 0)")
@@ -245,6 +250,7 @@ def _execute(request: Request, shown: Request) -> int:
 
 # What a resumed run keeps of the run it continues, each with the flags that set it.
 _KEPT = {"seed": "--seed", "micro_batches": "--micro-batches", "lr": "--lr", "weight_decay": "--weight-decay",
+         "decay_all_parameters": "--decay-all-parameters",
          "betas": "--betas", "eps": "--eps", "warmup_steps": "--warmup-steps", "decay": "--decay",
          "schedule_steps": "--decay-steps (else --steps)", "stage_starts": "the plan's cuts",
          "placement": "the plan's placement"}
@@ -254,7 +260,8 @@ def kept_settings(request: Request, plan: Plan, micro_batches: int) -> dict[str,
     """The settings of a run that a ``--resume`` of its save must repeat (saved in train_state.json), as JSON
     holds them: the data order, the optimizer and its schedule (their state is restored as saved), the stages."""
     settings = {"seed": request.seed, "micro_batches": micro_batches, "lr": request.lr,
-                "weight_decay": request.weight_decay, "betas": list(request.betas), "eps": request.eps,
+                "weight_decay": request.weight_decay, "decay_all_parameters": request.decay_all_parameters,
+                "betas": list(request.betas), "eps": request.eps,
                 "warmup_steps": request.warmup_steps, "decay": request.decay,
                 "schedule_steps": request.decay_steps or request.steps,
                 "stage_starts": [stage.blocks[0] for stage in plan.stages], "placement": plan.ranks}

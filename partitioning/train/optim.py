@@ -1,5 +1,9 @@
 """The optimizer and learning-rate schedule of a run: torch's AdamW and LambdaLR, as a user would set them up.
 
+Weight decay spares what HF Trainer's does (``Trainer.get_decay_parameter_names``, transformers 5.x): every
+parameter inside an ``nn.LayerNorm`` and every one whose name, lowercased, matches :data:`NO_DECAY_PATTERNS`
+(biases, norm weights) is in a second AdamW group of weight decay 0; ``decay_all`` keeps one group.
+
 The schedules are transformers' ``get_{linear,cosine,constant}_schedule_with_warmup``
 written out (linear warm-up over ``warmup`` steps, then linear or half-cosine
 decay to 0 at ``total`` steps, or constant), so that a run here and a loop of
@@ -9,13 +13,17 @@ one's own with those functions follow the same learning rates.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 DECAYS = ("linear", "cosine", "constant")
+# HF Trainer's (5.x) names of the parameters weight decay leaves alone, searched in the lowercased stock name.
+NO_DECAY_PATTERNS = tuple(re.compile(pattern) for pattern in
+                          (r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"))
 
 
 @dataclass(frozen=True)
@@ -27,6 +35,7 @@ class OptimizerSettings:
     warmup: int = 0
     decay: str = "linear"
     total: int = 1  # the steps the schedule decays over (the run's --steps)
+    decay_all: bool = False  # weight decay on every parameter (one group), not as HF Trainer
 
 
 def lr_lambda(warmup: int, total: int, decay: str) -> Callable[[int], float]:
@@ -60,8 +69,15 @@ class PiecewiseAdamW(torch.optim.AdamW):
     docs/benchmarks.md).  The state dict holds one state per piece, in order.
     """
 
-    def __init__(self, parameters: Iterable[torch.nn.Parameter], piece: int = PIECE, **options: Any) -> None:
+    def __init__(self, parameters: Iterable[torch.nn.Parameter] | Iterable[dict[str, Any]], piece: int = PIECE,
+                 **options: Any) -> None:
         self.pieces: list[tuple[torch.nn.Parameter, list[torch.Tensor]]] = []
+        given = list(parameters)
+        groups = given if given and isinstance(given[0], dict) else [{"params": given}]
+        super().__init__([{**group, "params": self._tensors(group["params"], piece)} for group in groups], **options)
+
+    def _tensors(self, parameters: Iterable[torch.nn.Parameter], piece: int) -> list[torch.Tensor]:
+        """What AdamW steps for ``parameters``: each, or the views of one larger than ``piece``."""
         tensors: list[torch.Tensor] = []
         for parameter in parameters:
             if parameter.numel() > piece and parameter.is_contiguous():
@@ -70,7 +86,7 @@ class PiecewiseAdamW(torch.optim.AdamW):
                 tensors += views
             else:
                 tensors.append(parameter)
-        super().__init__(tensors, **options)
+        return tensors
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -94,9 +110,28 @@ class PiecewiseAdamW(torch.optim.AdamW):
                 parameter.grad.zero_()
 
 
-def make_optimizer(parameters: Iterable[torch.nn.Parameter], settings: OptimizerSettings
+def exempt_from_decay(module: torch.nn.Module, stock_names: Mapping[str, str]) -> set[str]:
+    """The names (``module``'s own) of its parameters HF Trainer gives no weight decay: inside an ``nn.LayerNorm``,
+    or a stock name (``stock_names``: ``module``'s name -> the stock model's) matching :data:`NO_DECAY_PATTERNS`.
+    A pattern found in the name relative to any module above the parameter (as Trainer searches) is found in the
+    whole name: each starts at a dot of it."""
+    inside = {f"{prefix}.{name}" if prefix else name
+              for prefix, child in module.named_modules() if prefix and isinstance(child, torch.nn.LayerNorm)
+              for name, _ in child.named_parameters()}
+    return {name for name, _ in module.named_parameters()
+            if name in inside or any(pattern.search(stock_names[name].lower()) for pattern in NO_DECAY_PATTERNS)}
+
+
+def make_optimizer(named: Iterable[tuple[str, torch.nn.Parameter]], exempt: set[str], settings: OptimizerSettings
                    ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    optimizer = PiecewiseAdamW(parameters, lr=settings.lr, betas=settings.betas, eps=settings.eps,
+    """AdamW over ``named`` (in order) and its schedule: the ``exempt`` names in a group of weight decay 0 after the
+    others' (both groups always, so that a save's state fits any stage of the same plan), or one group with
+    ``settings.decay_all``."""
+    parameters = list(named)
+    groups: list[dict[str, Any]] = [{"params": [p for _, p in parameters]}] if settings.decay_all else [
+        {"params": [p for name, p in parameters if name not in exempt]},
+        {"params": [p for name, p in parameters if name in exempt], "weight_decay": 0.0}]
+    optimizer = PiecewiseAdamW(groups, lr=settings.lr, betas=settings.betas, eps=settings.eps,
                                weight_decay=settings.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(settings.warmup, settings.total,
                                                                        settings.decay))

@@ -22,7 +22,7 @@ from partitioning.gpu.train import device_for_rank
 from partitioning.train.cli import PROG, Request, kept_settings, parse
 from partitioning.train.data import read_dataset
 from partitioning.train.memory import return_large_frees
-from partitioning.train.optim import OptimizerSettings, make_optimizer
+from partitioning.train.optim import OptimizerSettings, exempt_from_decay, make_optimizer
 from partitioning.train.save import read_state, restore, save, training_state
 from partitioning.train.stage import StageModel, load_stage
 
@@ -42,8 +42,9 @@ def train(request: Request, device: torch.device) -> StageModel:
             if stage.rank == 0 else None)
     settings = OptimizerSettings(lr=request.lr, weight_decay=request.weight_decay, betas=request.betas,
                                  eps=request.eps, warmup=request.warmup_steps, decay=request.decay,
-                                 total=request.decay_steps or request.steps)
-    optimizer, scheduler = make_optimizer(stage.parameters(), settings)
+                                 total=request.decay_steps or request.steps, decay_all=request.decay_all_parameters)
+    optimizer, scheduler = make_optimizer(stage.module.named_parameters(), exempt_from_decay(stage.module, stage.names),
+                                          settings)
     names = list(stage.names.values())
     start = 0
     if state is not None:

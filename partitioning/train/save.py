@@ -274,6 +274,11 @@ def restore(directory: Path, rank: int, optimizer: torch.optim.Optimizer, schedu
     state = _load(path)
     if state.get("names") != names:
         raise UserError(f"{path} holds the state of other parameters: resume with the plan it was saved with")
+    groups = len(state["optimizer"]["param_groups"])
+    if groups != len(optimizer.param_groups):  # saved before weight decay spared biases and norms (two groups)
+        raise UserError(f"{path} holds {groups} AdamW parameter group(s) where this train-model steps "
+                        f"{len(optimizer.param_groups)} (--decay-all-parameters steps one): resume with the flags it "
+                        f"was saved with, or start from its weights with --checkpoint {directory}")
     saved, stepped = (sum(len(group["params"]) for group in each["param_groups"])
                       for each in (state["optimizer"], optimizer.state_dict()))
     if saved != stepped:  # saved before train-model stepped a large parameter in pieces (PiecewiseAdamW)

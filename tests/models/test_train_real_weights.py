@@ -21,6 +21,7 @@ import torch
 import transformers
 from support import REPO, real_weights
 from support.threads import RANK_THREADS, threads
+from support.train_runs import trainer_groups
 from transformers.models.bert import modeling_bert as stock
 
 from families.family import ModelFamily
@@ -92,13 +93,14 @@ def write_plan(config: transformers.BertConfig, path: Path) -> None:
 
 
 def reference(checkpoint: Path, plan: Path, data: Path) -> torch.nn.Module:
-    """The same steps in one process: stock model, torch.optim.AdamW, transformers' linear warm-up, clipping."""
+    """The same steps in one process: stock model, torch.optim.AdamW (HF Trainer's groups), transformers' linear
+    warm-up, clipping."""
     _, _, config, specs, micro_batch = plan_model(read_plan(plan))
     size = PER_MICRO_BATCH * MICRO_BATCHES
     dataset = read_dataset(data, specs, config, micro_batch, size)
     with threads():  # the ranks' thread count
         model = stock.BertForMaskedLM.from_pretrained(checkpoint).train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=OPTIONS["lr"], weight_decay=OPTIONS["weight_decay"])
+        optimizer = torch.optim.AdamW(trainer_groups(model, OPTIONS["weight_decay"]), lr=OPTIONS["lr"])
         scheduler = transformers.get_linear_schedule_with_warmup(optimizer, OPTIONS["warmup"], STEPS)
         for step in range(STEPS):
             batch = dataset.batch(step, size, 0)

@@ -35,6 +35,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ({"--seed": "1"}, "continues a run of --seed 0; this one has 1"),
     ({"--lr": "0.02"}, "continues a run of --lr 0.01; this one has 0.02"),
     ({"--weight-decay": "0.1"}, "continues a run of --weight-decay 0.0; this one has 0.1"),
+    ({"--decay-all-parameters": ""}, "continues a run of --decay-all-parameters False; this one has True"),
     ({"--decay-steps": None}, "continues a run of --decay-steps (else --steps) 2; this one has 3"),
     ({"--micro-batches": "1"}, "continues a run of --micro-batches 2; this one has 1"),
     ({"--plan": "elsewhere"}, "continues a run of the plan's cuts"),
@@ -47,7 +48,8 @@ def test_a_resume_that_would_change_the_run_is_refused(saved: dict[str, Path], c
     if options["--plan"] == "elsewhere":
         options["--plan"] = str(saved["root"] / "elsewhere.json")
     before = (saved["out"] / "train_state.json").read_text()
-    code = main([part for key, value in options.items() if value is not None for part in (key, value)])
+    code = main([part for key, value in options.items() if value is not None  # "": a flag without a value
+                 for part in ((key,) if value == "" else (key, value))])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and err.startswith("train-model: error: --resume "), err
     assert expected in err, err

@@ -187,10 +187,24 @@ def launch(ranks: int, cases: dict[str, list[str]], out: Path) -> dict[str, list
     return records
 
 
+def trainer_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW's groups as HF Trainer makes them (4.57 on), told from the whole model's modules: no weight decay on
+    biases (every parameter with ``bias`` in its name, T5's relative attention bias included) and on the weights of
+    norm modules (every class with ``norm`` in its name); for these families, Trainer's own rule
+    (tests/support/decay_worker.py checks it against ``Trainer.get_decay_parameter_names``)."""
+    exempt = {whole for prefix, module in model.named_modules() for name, _ in module.named_parameters(recurse=False)
+              if "bias" in (whole := f"{prefix}.{name}" if prefix else name).lower()
+              or "norm" in type(module).__name__.lower()}
+    named = list(model.named_parameters())
+    return [{"params": [p for name, p in named if name not in exempt], "weight_decay": weight_decay},
+            {"params": [p for name, p in named if name in exempt], "weight_decay": 0.0}]
+
+
 def reference(family: TrainFamily, checkpoint: Path, plan: Path, data: Path, steps: int,
               micro_batches: int = MICRO_BATCHES, bf16: bool = False, lr: float = LR,
               device: torch.device = CPU) -> torch.nn.Module:
-    """``steps`` steps in one process: stock model, AdamW, transformers' cosine warm-up, clip_grad_norm_.
+    """``steps`` steps in one process: stock model, AdamW (HF Trainer's groups), transformers' cosine warm-up,
+    clip_grad_norm_.
 
     A step is ``micro_batches`` micro-batches (all replicas' of a data-parallel run), their gradients averaged.
     ``bf16``: each forward under bf16 autocast, the backward outside it (fp32 weights and AdamW).
@@ -203,7 +217,7 @@ def reference(family: TrainFamily, checkpoint: Path, plan: Path, data: Path, ste
     dataset = read_dataset(data, specs, cfg, micro_batch, size)
     with threads():
         model = load_stock(family, checkpoint).to(device).train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+        optimizer = torch.optim.AdamW(trainer_groups(model, 0.01), lr=lr)
         scheduler = transformers.get_cosine_schedule_with_warmup(optimizer, 2, steps)
         for step in range(steps):
             batch = {name: tensor.to(device) for name, tensor in dataset.batch(step, size, 0).items()}
