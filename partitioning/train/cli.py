@@ -13,6 +13,7 @@ one line naming the rank, the others are stopped, exit 2.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import shlex
 import sys
@@ -59,6 +60,7 @@ class Request:
     rdzv_endpoint: str | None = None
     models_dir: Path | None = None  # the generated code (default: the directory the plan records)
     decay_all_parameters: bool = False
+    tensorboard: Path | None = None  # also write the metrics as TensorBoard scalars here
     text: Path | None = None  # raw text for a causal LM, with the tokenizer directory
     tokenizer: Path | None = None
     config_from_checkpoint: bool = False  # config fields the plan has otherwise: the checkpoint's (with a warning)
@@ -115,7 +117,10 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--clip-grad", type=positive_number, help="clip the global gradient norm to this")
     parser.add_argument("--micro-batches", type=positive_int, help="default: the plan's")
     parser.add_argument("--seed", type=int, default=0, help="the data order (and each rank's RNG)")
-    parser.add_argument("--log-every", type=positive_int, default=1)
+    parser.add_argument("--log-every", type=positive_int, default=1,
+                        help="print and record every N steps (in --save DIR/metrics.jsonl) (default 1)")
+    parser.add_argument("--tensorboard", type=nonempty_path, metavar="DIR",
+                        help="also write the metrics as TensorBoard scalars under DIR (needs tensorboard)")
     parser.add_argument("--data-parallel", type=positive_int, default=1,
                         help="D replicas of the pipeline (stages x D ranks), gradients averaged (default 1)")
     parser.add_argument("--tied-sum", choices=TIED_SUMS,
@@ -157,6 +162,9 @@ def parse(argv: list[str] | None) -> Request:
         raise UserError("--text FILE and --tokenizer DIR go together")
     if args.save_every is not None and args.save is None:
         raise UserError("--save-every needs --save DIR")
+    if args.tensorboard is not None and importlib.util.find_spec("tensorboard") is None:
+        raise UserError("--tensorboard DIR needs the tensorboard package (torch's SummaryWriter writes through it): "
+                        "pip install tensorboard")
     if args.nnodes == 1 and (args.node_rank is not None or args.rdzv_endpoint is not None):
         raise UserError("--node-rank and --rdzv-endpoint are for --nnodes N > 1")
     if args.node_rank is not None and (args.rdzv_endpoint is None or args.node_rank >= args.nnodes):

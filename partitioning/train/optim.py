@@ -72,8 +72,8 @@ class PiecewiseAdamW(torch.optim.AdamW):
     def __init__(self, parameters: Iterable[torch.nn.Parameter] | Iterable[dict[str, Any]], piece: int = PIECE,
                  **options: Any) -> None:
         self.pieces: list[tuple[torch.nn.Parameter, list[torch.Tensor]]] = []
-        given = list(parameters)
-        groups = given if given and isinstance(given[0], dict) else [{"params": given}]
+        given: list[Any] = list(parameters)
+        groups: list[dict[str, Any]] = given if given and isinstance(given[0], dict) else [{"params": given}]
         super().__init__([{**group, "params": self._tensors(group["params"], piece)} for group in groups], **options)
 
     def _tensors(self, parameters: Iterable[torch.nn.Parameter], piece: int) -> list[torch.Tensor]:

@@ -22,6 +22,7 @@ from partitioning.gpu.train import device_for_rank
 from partitioning.train.cli import PROG, Request, kept_settings, parse
 from partitioning.train.data import read_dataset
 from partitioning.train.memory import return_large_frees
+from partitioning.train.metrics import MetricsLog, peak_memory
 from partitioning.train.optim import OptimizerSettings, exempt_from_decay, make_optimizer
 from partitioning.train.save import read_state, restore, save, training_state
 from partitioning.train.stage import StageModel, load_stage
@@ -53,36 +54,60 @@ def train(request: Request, device: torch.device) -> StageModel:
         start = state["step"]
     tokens = size * sum(stage.micro_batch.lengths.values())
     last = stage.run.last  # this rank holds the last stage: it gets the losses
-    for step in range(start, request.steps):
-        began = time.perf_counter()
-        batch = stage.shard(data.batch(step, size, request.seed)) if data is not None else None
-        losses = stage.step(batch)
-        done = step + 1
-        check_finite(stage, losses, done)
-        if request.clip_grad is not None:
-            stage.clip_grad_norm_(request.clip_grad)
-        lr = scheduler.get_last_lr()[0]
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad()
-        if last and (done % request.log_every == 0 or done == request.steps):
-            mean = torch.stack([value.detach() for value in losses]).mean()
-            if replicas > 1:  # the mean over every replica's micro-batches (the last stages' group)
-                dist.all_reduce(mean, group=stage.run.dp_group)
-            loss = mean.item() / replicas
-            seconds = time.perf_counter() - began
-            if stage.replica == 0:
-                print(f"step {done}/{request.steps}: loss {loss:.4f}, {tokens / seconds:.0f} tokens/s, lr {lr:.3g}",
-                      flush=True)
-        if request.save is not None and (done == request.steps or
-                                         (request.save_every is not None and done % request.save_every == 0)):
-            run_state = {"step": done, "examples_seen": done * size, "stages": stage.stages,
-                         **kept_settings(request, plan, stage.micro_batches)}
-            save(stage, request.save, training_state(optimizer, scheduler, names), run_state,
-                 stage.checkpoint)
-            if last and stage.replica == 0:
-                print(f"saved step {done} to {request.save}", flush=True)
+    reporter = last and stage.replica == 0
+    metrics = MetricsLog(request.save, request.tensorboard, request.resume, start) if reporter else None
+    try:
+        for step in range(start, request.steps):
+            began = time.perf_counter()
+            batch = stage.shard(data.batch(step, size, request.seed)) if data is not None else None
+            losses = stage.step(batch)
+            done = step + 1
+            check_finite(stage, losses, done)
+            norm = stage.clip_grad_norm_(request.clip_grad) if request.clip_grad is not None else None
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            if done % request.log_every == 0 or done == request.steps:
+                report_step(stage, losses, metrics, {"step": done, "lr": lr, "grad_norm": norm, "tokens": tokens,
+                                                     "seconds": time.perf_counter() - began}, request.steps)
+            if request.save is not None and (done == request.steps or
+                                             (request.save_every is not None and done % request.save_every == 0)):
+                run_state = {"step": done, "examples_seen": done * size, "stages": stage.stages,
+                             **kept_settings(request, plan, stage.micro_batches)}
+                save(stage, request.save, training_state(optimizer, scheduler, names), run_state,
+                     stage.checkpoint)
+                if reporter:
+                    print(f"saved step {done} to {request.save}", flush=True)
+    finally:
+        if metrics is not None:
+            metrics.close()
     return stage
+
+
+def report_step(stage: StageModel, losses: list[torch.Tensor], metrics: MetricsLog | None, step: dict[str, Any],
+                steps: int) -> None:
+    """A logged step (every rank of the run takes part): the mean loss over every replica's micro-batches and
+    each stage's peak memory, printed and recorded by the first replica's last stage."""
+    peak = peak_memory(stage.device)
+    peaks: list[Any] = [None] * stage.stages
+    dist.all_gather_object(peaks, peak, group=stage.group)
+    if not stage.run.last:
+        return
+    mean = torch.stack([value.detach() for value in losses]).mean()
+    if stage.replicas > 1:  # the mean over every replica's micro-batches (the last stages' group)
+        dist.all_reduce(mean, group=stage.run.dp_group)
+    if stage.replica != 0:
+        return
+    loss, seconds = mean.item() / stage.replicas, step["seconds"]
+    print(f"step {step['step']}/{steps}: loss {loss:.4f}, {step['tokens'] / seconds:.0f} tokens/s, "
+          f"lr {step['lr']:.3g}", flush=True)
+    if metrics is not None:
+        norm = step["grad_norm"]
+        metrics.log({"step": step["step"], "loss": loss, "lr": step["lr"],
+                     **({"grad_norm": norm.item()} if norm is not None else {}),
+                     "tokens_per_s": step["tokens"] / seconds, "seconds": seconds,
+                     "peak_memory_bytes": [used for used, _ in peaks], "memory": peak[1]})
 
 
 def check_finite(stage: StageModel, losses: list[torch.Tensor], done: int) -> None:

@@ -35,6 +35,7 @@ from common.errors import UserError
 from common.files import read_json_object
 from common.versions import Release
 from partitioning.train.checkpoint import BIN, CONFIG, SAFETENSORS, SAFETENSORS_INDEX, Checkpoint, write_safetensors
+from partitioning.train.metrics import METRICS
 from partitioning.train.model import source_key
 from partitioning.train.stage import StageModel
 
@@ -78,8 +79,8 @@ def check_save_dir(directory: Path) -> None:
     reason = cannot_create_in(existing)
     if reason is not None:
         raise UserError(f"--save {directory}: cannot write into {existing} ({reason})")
-    if (directory.is_dir() and any(not is_temporary(p.name) for p in directory.iterdir())
-            and not _ours(directory)):
+    if (directory.is_dir() and any(not is_temporary(p.name) and p.name != METRICS for p in directory.iterdir())
+            and not _ours(directory)):  # a run that died before its first save leaves only its metrics
         raise UserError(f"--save {directory} is a directory train-model did not write (no {STATE}): "
                         f"give a new or empty directory")
 

@@ -24,8 +24,11 @@ from support import REPO
 from test_train_model import save_checkpoint, stock_class, write_data, write_plan
 
 from common.atomic import is_temporary
+from common.errors import UserError
 from partitioning.train.cli import main
 from partitioning.train.data import read_dataset
+from partitioning.train.metrics import METRICS
+from partitioning.train.save import check_save_dir
 from partitioning.train.stage import plan_model
 
 
@@ -136,6 +139,13 @@ def test_save_over_a_file_or_a_foreign_directory(setup: dict[str, Path], capsys:
     assert "is a directory train-model did not write" in run(setup, capsys, save=foreign)
     assert (foreign / "notes.txt").read_text() == "mine"
     assert "not a checkpoint train-model saved" in run(setup, capsys, resume=foreign, checkpoint=None)
+    died = setup["root"] / "died"  # a run killed before its first save leaves its metrics only: not foreign
+    died.mkdir()
+    (died / METRICS).write_text('{"step": 1, "loss": 2.0}\n')
+    check_save_dir(died)
+    (foreign / METRICS).write_text("")
+    with pytest.raises(UserError, match="is a directory train-model did not write"):
+        check_save_dir(foreign)
 
 
 def test_options(setup: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,6 +14,7 @@ own stage's tensors from the checkpoint, every other stage staying on ``meta``.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,10 @@ from support.train_runs import (
     launch,
     write_data,
 )
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from partitioning.train.data import read_dataset
+from partitioning.train.metrics import METRICS
 from partitioning.train.stage import plan_model
 
 __all__ = ["MICRO_BATCHES", "OPTIONS", "PER_MICRO_BATCH", "STEPS", "assert_stage_only", "launch", "write_data"]
@@ -167,7 +170,8 @@ def test_train_model_equals_one_process_training(tmp_path: Path, family: str) ->
                          str(tmp_path / "half")]
         cases["resumed"] = [*common, "--resume", str(tmp_path / "half"), "--steps", "4", "--save",
                             str(tmp_path / "resumed")]
-        cases["whole"] = [*common, "--checkpoint", str(checkpoint), "--steps", "4", "--save", str(tmp_path / "whole")]
+        cases["whole"] = [*common, "--checkpoint", str(checkpoint), "--steps", "4", "--save", str(tmp_path / "whole"),
+                          "--tensorboard", str(tmp_path / "tensorboard")]
     heads = {}  # the family's other training classes, one schedule each (the 3-stage run takes the other)
     for class_name in (name for name, case in HEAD_CASES.items() if case[0] == family):
         cases[class_name], heads[class_name] = head_case(class_name, tmp_path / class_name, 2)
@@ -194,8 +198,29 @@ def test_train_model_equals_one_process_training(tmp_path: Path, family: str) ->
     if family == "t5":
         whole = stock_class(family).from_pretrained(tmp_path / "whole")
         assert_saved_equals(family, tmp_path / "resumed", whole)
+        assert_metrics(tmp_path)
         plan, data = expected["gpipe"]
         assert_saved_equals(family, tmp_path / "whole", reference(family, checkpoint, plan, data, 4))
+
+
+def assert_metrics(root: Path) -> None:
+    """metrics.jsonl: one record per step, the resumed run's file its whole run (the history it continues, then its
+    own steps), every number equal to the uninterrupted run's but the timings; TensorBoard holds the same losses."""
+    runs = {name: [json.loads(line) for line in (root / name / METRICS).read_text().splitlines()]
+            for name in ("half", "resumed", "whole")}
+    assert [record["step"] for record in runs["half"]] == [1, 2]
+    assert [record["step"] for record in runs["resumed"]] == [record["step"] for record in runs["whole"]] == [1, 2, 3, 4]
+    exact = ("step", "loss", "lr", "grad_norm")  # clipping computes the norm: OPTIONS clip
+    assert [[r[k] for k in exact] for r in runs["resumed"]] == [[r[k] for k in exact] for r in runs["whole"]]
+    assert runs["resumed"][:2] == runs["half"]
+    for record in runs["whole"]:
+        assert len(record["peak_memory_bytes"]) == 2 and min(record["peak_memory_bytes"]) > 0, record
+        assert record["tokens_per_s"] > 0 and record["memory"] == "process peak RSS"
+    events = EventAccumulator(str(root / "tensorboard"))
+    events.Reload()
+    scalars = [(event.step, event.value) for event in events.Scalars("train/loss")]
+    assert scalars == [(r["step"], torch.tensor(r["loss"], dtype=torch.float32).item()) for r in runs["whole"]]
+    assert len(events.Scalars("train/peak_memory_bytes/stage_1")) == 4
 
 
 def test_three_stages(tmp_path: Path) -> None:

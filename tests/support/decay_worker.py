@@ -22,11 +22,10 @@ from pathlib import Path
 # Run as a script: tests/ for the support package, this checkout before any editable install of another one.
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[2])]
 
+from partitioning.train.optim import exempt_from_decay  # noqa: E402
 from support.release_process import wrong_release  # noqa: E402
 from support.train_release_worker import family_at  # noqa: E402
 from support.train_runs import RELEASE_CASES, stock_class, trainer_groups, without_dropout  # noqa: E402
-
-from partitioning.train.optim import exempt_from_decay  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         reference = {id(p) for p in trainer_groups(model, 0.01)[1]["params"]}
         found[name] = {
             # the method reads nothing of the trainer itself
-            "trainer": sorted(everything - set(Trainer.get_decay_parameter_names(None, model))),  # type: ignore[arg-type]
+            "trainer": sorted(everything - set(Trainer.get_decay_parameter_names(None, model))),
             "ours": sorted(exempt_from_decay(model, {parameter: parameter for parameter in everything})),
             "reference": sorted(parameter for parameter, p in model.named_parameters() if id(p) in reference)}
     print(json.dumps(found))
