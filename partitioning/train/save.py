@@ -6,7 +6,8 @@ the first data-parallel replica writes its own stage's tensors as one shard,
 its first holder), and its training state (``train_state/stage-<s>.pt``:
 AdamW, scheduler, RNG, parameter names); the other replicas write only their
 RNG state.  Rank 0 writes ``config.json``, ``model.safetensors.index.json`` and
-``train_state.json``.  What transformers releases load decides the extras
+``train_state.json``, and carries over the tokenizer files and ``generation_config.json`` of the
+directory the run started from (:data:`COMPANIONS`).  What transformers releases load decides the extras
 (:func:`weight_files`): before 4.18 one ``pytorch_model.bin`` holding every
 key (gathered on rank 0: the whole model in its memory once), 4.18 to 4.24
 per-stage ``pytorch_model-0000k-of-0000K.bin`` shards and their index, a tied weight under each of its keys.
@@ -43,6 +44,12 @@ STATE = "train_state.json"
 GENERATOR = "train-model"
 BIN_INDEX = "pytorch_model.bin.index.json"
 SHARDED_BIN_FROM, SAFETENSORS_FROM = Release.parse("4.18.0"), Release.parse("4.25.0")  # what from_pretrained reads
+# What a model directory holds besides its weights and config that users load with it: the tokenizer's files and
+# the generation defaults (save_pretrained of a tokenizer, of a GenerationConfig); a save carries over those of the
+# directory the run started from.
+COMPANIONS = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+              "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model", "tokenizer.model",
+              "chat_template.jinja", "chat_template.json", "generation_config.json")
 _WEIGHTS = re.compile(r"^(model|pytorch_model)(-\d{5}-of-\d{5})?\.(safetensors|bin)(\.index\.json)?$")
 
 
@@ -243,6 +250,10 @@ def _commit(model: StageModel, directory: Path, parts: list[Any], staged: dict[P
     files = {CONFIG: config.to_json_string().encode(), SAFETENSORS_INDEX: json.dumps(index, indent=2).encode(),
              STATE: json.dumps({"generator": GENERATOR, "data_parallel": model.replicas, **run_state},
                                indent=1).encode()}
+    for name in COMPANIONS:
+        carried = model.checkpoint.directory / name
+        if carried.is_file() and os.path.abspath(carried) != os.path.abspath(directory / name):
+            files[name] = carried.read_bytes()
     if "sharded-bin" in weight_files(model.version):
         files[BIN_INDEX] = json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(bins.items()))},
                                       indent=2).encode()

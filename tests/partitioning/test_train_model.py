@@ -38,6 +38,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from partitioning.train.data import read_dataset
 from partitioning.train.metrics import METRICS
+from partitioning.train.save import COMPANIONS
 from partitioning.train.stage import plan_model
 
 __all__ = ["MICRO_BATCHES", "OPTIONS", "PER_MICRO_BATCH", "STEPS", "assert_stage_only", "launch", "write_data"]
@@ -165,6 +166,8 @@ def test_train_model_equals_one_process_training(tmp_path: Path, family: str) ->
                                  str(tmp_path / "bf16.resumed")]
     if family == "t5":  # resume: 1..n, save, resume to 2n equals 2n in one go (n = 2)
         plan, data = expected["gpipe"]
+        for name in COMPANIONS:  # a tokenizer's files and generation defaults, as a user's checkpoint has them
+            (checkpoint / name).write_text(json.dumps({"file": name}))
         common = ["--plan", str(plan), "--data", str(data), *OPTIONS]
         cases["half"] = [*common, "--checkpoint", str(checkpoint), "--steps", "2", "--decay-steps", "4", "--save",
                          str(tmp_path / "half")]
@@ -199,6 +202,9 @@ def test_train_model_equals_one_process_training(tmp_path: Path, family: str) ->
         whole = stock_class(family).from_pretrained(tmp_path / "whole")
         assert_saved_equals(family, tmp_path / "resumed", whole)
         assert_metrics(tmp_path)
+        for name in COMPANIONS:  # carried over by every save: from the checkpoint, and from the run resumed
+            assert all((tmp_path / run / name).read_bytes() == (checkpoint / name).read_bytes()
+                       for run in ("half", "resumed", "whole")), name
         plan, data = expected["gpipe"]
         assert_saved_equals(family, tmp_path / "whole", reference(family, checkpoint, plan, data, 4))
 
