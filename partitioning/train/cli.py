@@ -177,15 +177,18 @@ def execute(request: Request) -> int:
     if request.text is None:
         return _execute(request, request)
     from partitioning.files import read_plan
+    from partitioning.train.checkpoint import Checkpoint
     from partitioning.train.stage import plan_model
     from partitioning.train.text import write_examples
 
     family, class_name, _, _, micro_batch = plan_model(read_plan(request.plan), request.models_dir)
     causal = family.definition.classes[class_name].causal_lm
+    start = request.checkpoint or request.resume
+    assert start is not None and request.tokenizer is not None  # parse() demands one, and --tokenizer with --text
+    eos = Checkpoint(start).config.get("eos_token_id")  # the config trained is the checkpoint's
     with tempfile.TemporaryDirectory(prefix="train-model-text.") as scratch:
         data = Path(scratch) / "text.jsonl"
-        assert request.tokenizer is not None
-        write_examples(request.text, request.tokenizer, causal, dict(micro_batch.lengths), data, class_name)
+        write_examples(request.text, request.tokenizer, causal, dict(micro_batch.lengths), data, class_name, eos)
         return _execute(replace(request, data=data, text=None, tokenizer=None), request)
 
 

@@ -3,9 +3,12 @@
 The checkpoint's ``tokenizer.json`` (``DIR/tokenizer.json``) is read with the
 ``tokenizers`` package.  Each non-empty line of the text is encoded on its own
 (with the special tokens the tokenizer's post-processor adds), the ids of all
-lines are concatenated in file order, with the tokenizer's end-of-text token
-between lines where it has one (``<|endoftext|>``, ``</s>``, ``<eos>``), and cut
-into rows of the plan's sequence length; the last, shorter row is dropped.  A row is
+lines are concatenated in file order, with the end-of-text token between lines
+(:func:`separator`: the ``eos_token`` of ``DIR/tokenizer_config.json``, else the
+checkpoint config's ``eos_token_id``, else a token named ``<|endoftext|>``,
+``</s>`` or ``<eos>``; where there is none and the post-processor delimits no
+line, a warning says that the documents run together), and cut into rows of the
+plan's sequence length; the last, shorter row is dropped.  A row is
 one example: ``input_ids`` and ``labels`` are the same ids (the model shifts its
 labels itself), the attention mask all ones.  Packing is a pure function of the
 text, the tokenizer and the length, so the seeded order (:mod:`partitioning.train.data`)
@@ -25,9 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import UserError
-from common.files import read_text
+from common.files import read_json_object, read_text
 
 TOKENIZER = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+MAX_CONFIG_BYTES = 1 << 24
 TOKENIZERS_DIR = Path(__file__).resolve().parents[2] / ".venv" / "tokenizers"
 END_OF_TEXT = ("<|endoftext|>", "</s>", "<eos>")
 MAX_TEXT_BYTES = 1 << 30
@@ -58,14 +63,43 @@ def load_tokenizer(directory: Path) -> Any:
         raise UserError(f"{path} is not a tokenizers file: {' '.join(str(exc).split())[:200]}") from None
 
 
-def pack(text_path: Path, tokenizer_dir: Path, length: int) -> list[list[int]]:
+def _configured_eos(tokenizer_dir: Path) -> str | None:
+    """``eos_token`` of ``tokenizer_dir/tokenizer_config.json`` (a string, or an added token's ``content``)."""
+    path = tokenizer_dir / TOKENIZER_CONFIG
+    if not path.is_file():
+        return None
+    token = read_json_object(path, "tokenizer config", MAX_CONFIG_BYTES).get("eos_token")
+    token = token.get("content") if isinstance(token, dict) else token
+    return token if isinstance(token, str) else None
+
+
+def separator(tokenizer: Any, tokenizer_dir: Path, eos_token_id: Any) -> tuple[int | None, str]:
+    """The id put between two lines, and where it was found: the tokenizer config's ``eos_token``, the model
+    config's ``eos_token_id`` (the first of a list), a token of :data:`END_OF_TEXT`; ``(None, why)`` when none
+    is found."""
+    configured = _configured_eos(tokenizer_dir)
+    if configured is not None and tokenizer.token_to_id(configured) is not None:
+        return tokenizer.token_to_id(configured), f"{TOKENIZER_CONFIG}'s eos_token {configured!r}"
+    first = eos_token_id[0] if isinstance(eos_token_id, list) and eos_token_id else eos_token_id
+    if isinstance(first, int) and not isinstance(first, bool) and 0 <= first < tokenizer.get_vocab_size():
+        return first, f"the config's eos_token_id {first}"
+    for token in END_OF_TEXT:
+        if tokenizer.token_to_id(token) is not None:
+            return tokenizer.token_to_id(token), f"the token {token!r}"
+    return None, f"no eos_token in {TOKENIZER_CONFIG}, no eos_token_id in the config, no {' '.join(END_OF_TEXT)}"
+
+
+def pack(text_path: Path, tokenizer_dir: Path, length: int, eos_token_id: Any = None) -> list[list[int]]:
     """The rows of ``length`` ids the text packs into (see the module's docstring)."""
     tokenizer = load_tokenizer(tokenizer_dir)
     lines = [line for line in read_text(text_path, "--text", MAX_TEXT_BYTES).splitlines() if line.strip()]
     if not lines:
         raise UserError(f"--text {text_path} holds no text")
-    end = next((tokenizer.token_to_id(token) for token in END_OF_TEXT if tokenizer.token_to_id(token) is not None),
-               None)
+    end, found = separator(tokenizer, tokenizer_dir, eos_token_id)
+    delimited = tokenizer.encode(lines[0]).ids != tokenizer.encode(lines[0], add_special_tokens=False).ids
+    if end is None and not delimited and len(lines) > 1:
+        print(f"train-model: warning: --text {text_path}: its lines are packed with no token between them ({found}): "
+              f"each document runs into the next", file=sys.stderr)
     ids: list[int] = []
     for index, encoding in enumerate(tokenizer.encode_batch(lines)):
         ids += ([end] if index and end is not None else []) + list(encoding.ids)
@@ -75,13 +109,13 @@ def pack(text_path: Path, tokenizer_dir: Path, length: int) -> list[list[int]]:
 
 
 def write_examples(text_path: Path, tokenizer_dir: Path, causal_lm: bool, lengths: dict[str, int], out: Path,
-                   class_name: str) -> int:
+                   class_name: str, eos_token_id: Any = None) -> int:
     """Pack the text into ``out`` (JSON Lines of ``input_ids`` and ``labels``); the number of examples."""
     if not causal_lm:
         raise UserError(f"--text trains causal LMs (labels = the input ids); the plan trains a {class_name}: "
                         f"give --data FILE with its inputs")
     if len(lengths) != 1:
         raise UserError(f"--text packs one sequence; the plan's {class_name} has {', '.join(lengths)}")
-    rows = pack(text_path, tokenizer_dir, next(iter(lengths.values())))
+    rows = pack(text_path, tokenizer_dir, next(iter(lengths.values())), eos_token_id)
     out.write_text("".join(json.dumps({"input_ids": row, "labels": row}) + "\n" for row in rows))
     return len(rows)

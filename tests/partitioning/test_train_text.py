@@ -44,6 +44,34 @@ def test_pack(tmp_path: Path) -> None:
     assert rows == [{"input_ids": IDS[:10], "labels": IDS[:10]}, {"input_ids": IDS[10:], "labels": IDS[10:]}]
 
 
+def test_the_separator_is_the_tokenizers_or_the_configs_end_of_text(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Llama 3's end of text is ``<|end_of_text|>``, named by its tokenizer config and its config's eos_token_id;
+    a WordPiece vocabulary (MiniLM's) has none of the known names: the lines run together, and a warning says so."""
+    (tmp_path / "text.txt").write_text(TEXT)
+    tokenizer = write_tokenizer(tmp_path / "tok")
+    (tokenizer / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "a"}}))
+    assert pack(tmp_path / "text.txt", tokenizer, 20) == [[7 if i == 1 else i for i in IDS]]  # "a" (7) between
+    (tokenizer / "tokenizer_config.json").write_text(json.dumps({"eos_token": "absent-token"}))
+    assert pack(tmp_path / "text.txt", tokenizer, 20, eos_token_id=[9, 1]) == [[9 if i == 1 else i for i in IDS]]
+    assert pack(tmp_path / "text.txt", tokenizer, 20, eos_token_id=10**6) == [IDS]  # out of the vocabulary: named
+    assert capsys.readouterr().err == ""
+    bare = tmp_path / "bare"
+    tokenizers = tokenizers_module()
+    words = [w for w in WORDS if w != "<|endoftext|>"]
+    plain = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    plain.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    bare.mkdir()
+    plain.save(str(bare / "tokenizer.json"))
+    assert len(pack(tmp_path / "text.txt", bare, 18)[0]) == 18  # the 18 words, nothing between the lines
+    err = capsys.readouterr().err
+    assert err.startswith("train-model: warning: --text ") and "no token between them" in err and err.count("\n") == 1
+    plain.post_processor = tokenizers.processors.TemplateProcessing(single="<unk> $A", special_tokens=[("<unk>", 0)])
+    plain.save(str(bare / "tokenizer.json"))
+    assert pack(tmp_path / "text.txt", bare, 21)[0][:8] == [0, 1, 2, 3, 4, 1, 5, 0]  # each line opens with its own token
+    assert capsys.readouterr().err == ""
+
+
 def test_a_bom_and_crlf_line_ends_pack_the_same_rows(tmp_path: Path) -> None:
     """What an editor on Windows writes: the byte order mark would be a character of the first word (an unknown
     token, 0), and a line end \r\n a line end like \n."""
