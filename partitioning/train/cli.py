@@ -18,12 +18,16 @@ import json
 import shlex
 import sys
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import tomllib
+
+from common.atomic import write_atomic
 from common.cli import Parser, count, nonempty_path, positive_int, positive_number, run
 from common.errors import UserError
+from partitioning.train.layout import SETTINGS
 
 if TYPE_CHECKING:
     from partitioning.plan import Plan
@@ -65,6 +69,7 @@ class Request:
     tokenizer: Path | None = None
     config_from_checkpoint: bool = False  # config fields the plan has otherwise: the checkpoint's (with a warning)
     verbose: bool = False
+    config_file: Path | None = None  # the settings it held are in the fields above (the ranks never read it)
 
 
 def _betas(text: str) -> tuple[float, float]:
@@ -142,7 +147,53 @@ def parser() -> argparse.ArgumentParser:
                              "(dropout, eps, rope, activation, token ids): train the checkpoint's value, with a "
                              "warning naming each field (default: refuse)")
     parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("--config-file", type=nonempty_path, metavar="TOML",
+                        help="settings as a TOML file, one per flag (lr = 1e-4, betas = [0.9, 0.99], "
+                             "decay-all-parameters = true); the command line overrides them. --save DIR gets the "
+                             f"run's settings as DIR/{SETTINGS}, a file of this form")
     return parser
+
+
+def settings_argv(path: Path) -> list[str]:
+    """The command line ``--config-file path`` stands for: each key a flag, its value the flag's (a list joined
+    with commas, ``true`` the flag alone, ``false`` nothing)."""
+    try:
+        settings = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UserError(f"--config-file {path}: {' '.join(str(exc).split())[:200]}") from None
+    known = {field.name: field for field in fields(Request)}
+    argv = []
+    for key, value in settings.items():
+        name, flag = key.replace("-", "_"), "--" + key.replace("_", "-")
+        if name not in known or name == "config_file":
+            raise UserError(f"--config-file {path}: unknown setting {key!r} ({PROG} has no {flag})")
+        switch = known[name].type == "bool"
+        if isinstance(value, bool) != switch or isinstance(value, dict):
+            raise UserError(f"--config-file {path}: {key} = {value!r}: expected "
+                            f"{'true or false' if switch else 'a value (a number, a string or a list)'}")
+        if switch:
+            argv += [flag] if value else []
+        else:
+            argv += [flag, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
+    return argv
+
+
+def settings_text(request: Request) -> str:
+    """``request`` as a --config-file: every setting it has, one line each, in the flags' order."""
+    lines = []
+    for key, value in vars(request).items():
+        if value is None or key == "config_file":
+            continue
+        if isinstance(value, bool):
+            shown = "true" if value else "false"
+        elif isinstance(value, (int, float)):
+            shown = repr(value)
+        elif isinstance(value, tuple):
+            shown = "[" + ", ".join(repr(v) for v in value) + "]"
+        else:
+            shown = json.dumps(str(value))  # a TOML basic string: JSON's escapes are TOML's
+        lines.append(f"{key.replace('_', '-')} = {shown}")
+    return f"# {PROG}'s settings of this run: {PROG} --config-file {SETTINGS} runs it again\n" + "\n".join(lines) + "\n"
 
 
 def _endpoint(text: str) -> str:
@@ -153,7 +204,11 @@ def _endpoint(text: str) -> str:
 
 
 def parse(argv: list[str] | None) -> Request:
-    args = parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    first = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    first.add_argument("--config-file", type=nonempty_path)
+    found, _ = first.parse_known_args(given)
+    args = parser().parse_args([*settings_argv(found.config_file), *given] if found.config_file else given)
     if (args.checkpoint is None) == (args.resume is None):
         raise UserError("give --checkpoint DIR (start from a model) or --resume DIR (continue a run), one of them")
     if (args.data is None) == (args.text is None):
@@ -238,13 +293,15 @@ def _execute(request: Request, shown: Request) -> int:
         raise UserError(f"{ranks} ranks ({stages} stages x --data-parallel {request.data_parallel}) do not divide "
                         f"among --nnodes {request.nnodes}")
     per_node = ranks // request.nnodes
-    argv = to_argv(replace(request, nnodes=1, node_rank=None, rdzv_endpoint=None))
+    argv = to_argv(replace(request, nnodes=1, node_rank=None, rdzv_endpoint=None, config_file=None))
+    if request.save is not None and request.node_rank in (None, 0):  # the machine that commits the saves
+        write_atomic(request.save / SETTINGS, settings_text(shown).encode())
     if request.nnodes > 1 and request.node_rank is None:
         endpoint = request.rdzv_endpoint or "NODE0_HOST:29500"
         for node in range(request.nnodes):  # what each machine runs (the same paths on every machine)
             command = torchrun_command(RANK_MODULE, argv, per_node, request.nnodes, node, endpoint)
             if shown.text is not None:  # each machine packs the text itself: it runs train-model
-                command = [PROG, *to_argv(replace(shown, node_rank=node, rdzv_endpoint=endpoint))]
+                command = [PROG, *to_argv(replace(shown, node_rank=node, rdzv_endpoint=endpoint, config_file=None))]
             print(" ".join(shlex.quote(part) for part in command))
         return 0
     try:

@@ -25,8 +25,7 @@ from typing import IO, Any
 import torch
 
 from common.atomic import write_atomic
-
-METRICS = "metrics.jsonl"
+from partitioning.train.layout import METRICS
 
 
 def peak_memory(device: torch.device) -> tuple[int, str]:

@@ -36,11 +36,10 @@ from common.errors import UserError
 from common.files import read_json_object
 from common.versions import Release
 from partitioning.train.checkpoint import BIN, CONFIG, SAFETENSORS, SAFETENSORS_INDEX, Checkpoint, write_safetensors
-from partitioning.train.metrics import METRICS
+from partitioning.train.layout import OUTSIDE_COMMIT, STATE
 from partitioning.train.model import source_key
 from partitioning.train.stage import StageModel
 
-STATE = "train_state.json"
 GENERATOR = "train-model"
 BIN_INDEX = "pytorch_model.bin.index.json"
 SHARDED_BIN_FROM, SAFETENSORS_FROM = Release.parse("4.18.0"), Release.parse("4.25.0")  # what from_pretrained reads
@@ -86,8 +85,9 @@ def check_save_dir(directory: Path) -> None:
     reason = cannot_create_in(existing)
     if reason is not None:
         raise UserError(f"--save {directory}: cannot write into {existing} ({reason})")
-    if (directory.is_dir() and any(not is_temporary(p.name) and p.name != METRICS for p in directory.iterdir())
-            and not _ours(directory)):  # a run that died before its first save leaves only its metrics
+    if (directory.is_dir() and any(not is_temporary(p.name) and p.name not in OUTSIDE_COMMIT
+                                   for p in directory.iterdir())
+            and not _ours(directory)):  # a run that died before its first save leaves these alone
         raise UserError(f"--save {directory} is a directory train-model did not write (no {STATE}): "
                         f"give a new or empty directory")
 

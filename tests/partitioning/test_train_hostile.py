@@ -27,7 +27,7 @@ from common.atomic import is_temporary
 from common.errors import UserError
 from partitioning.train.cli import main
 from partitioning.train.data import read_dataset
-from partitioning.train.metrics import METRICS
+from partitioning.train.layout import METRICS
 from partitioning.train.save import check_save_dir
 from partitioning.train.stage import plan_model
 

@@ -37,7 +37,7 @@ from support.train_runs import (
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from partitioning.train.data import read_dataset
-from partitioning.train.metrics import METRICS
+from partitioning.train.layout import METRICS
 from partitioning.train.save import COMPANIONS
 from partitioning.train.stage import plan_model
 

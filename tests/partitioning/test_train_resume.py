@@ -8,12 +8,14 @@ the span of the lr schedule, and a plan cut elsewhere the stages the saved state
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from test_train_model import save_checkpoint, write_data, write_plan
 
-from partitioning.train.cli import main
+from partitioning.train.cli import main, parse
+from partitioning.train.layout import SETTINGS
 
 
 @pytest.fixture(scope="module")
@@ -25,10 +27,18 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     write_plan("t5", cfg, "decoder.embed", "gpipe", root / "elsewhere.json")
     write_data(root / "data.jsonl", root / "plan.json")
     out = root / "out"
-    assert main(["--plan", str(root / "plan.json"), "--checkpoint", str(root / "t5"), "--data",
-                 str(root / "data.jsonl"), "--steps", "1", "--decay-steps", "2", "--lr", "0.01", "--save",
-                 str(out)]) == 0
+    argv = ["--plan", str(root / "plan.json"), "--checkpoint", str(root / "t5"), "--data", str(root / "data.jsonl"),
+            "--steps", "1", "--decay-steps", "2", "--lr", "0.01", "--save", str(out)]
+    assert main(argv) == 0
+    (root / "argv.json").write_text(json.dumps(argv))
     return {"root": root, "plan": root / "plan.json", "data": root / "data.jsonl", "out": out}
+
+
+def test_the_save_holds_its_run_s_settings(saved: dict[str, Path]) -> None:
+    """DIR/train_config.toml, given back as --config-file, is the run's request again."""
+    echoed = saved["out"] / SETTINGS
+    again = parse(["--config-file", str(echoed)])
+    assert again == replace(parse(json.loads((saved["root"] / "argv.json").read_text())), config_file=echoed)
 
 
 @pytest.mark.parametrize("changes,expected", [
