@@ -64,6 +64,7 @@ class Request:
     rdzv_endpoint: str | None = None
     models_dir: Path | None = None  # the generated code (default: the directory the plan records)
     decay_all_parameters: bool = False
+    save_total_limit: int | None = None  # keep this many --save-every checkpoints, as checkpoint-<step>/
     tensorboard: Path | None = None  # also write the metrics as TensorBoard scalars here
     text: Path | None = None  # raw text for a causal LM, with the tokenizer directory
     tokenizer: Path | None = None
@@ -108,6 +109,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=positive_int, required=True, help="train until this step (in all)")
     parser.add_argument("--save", type=nonempty_path, help="write the checkpoint here (a HF model directory)")
     parser.add_argument("--save-every", type=positive_int, help="also save every N steps (default: at the end)")
+    parser.add_argument("--save-total-limit", type=positive_int, metavar="K",
+                        help="with --save-every: each of those saves into DIR/checkpoint-<step>/, the newest K kept "
+                             "(the last save goes to DIR)")
     parser.add_argument("--lr", type=positive_number, default=5e-5, help="AdamW learning rate (default 5e-5)")
     parser.add_argument("--weight-decay", type=_nonnegative, default=0.0,
                         help="AdamW's decoupled weight decay (default 0), as HF Trainer: none on biases and norm "
@@ -217,6 +221,8 @@ def parse(argv: list[str] | None) -> Request:
         raise UserError("--text FILE and --tokenizer DIR go together")
     if args.save_every is not None and args.save is None:
         raise UserError("--save-every needs --save DIR")
+    if args.save_total_limit is not None and args.save_every is None:
+        raise UserError("--save-total-limit K keeps the newest K of the --save-every checkpoints: give --save-every N")
     if args.tensorboard is not None and importlib.util.find_spec("tensorboard") is None:
         raise UserError("--tensorboard DIR needs the tensorboard package (torch's SummaryWriter writes through it): "
                         "pip install tensorboard")

@@ -21,10 +21,11 @@ from partitioning.files import read_plan
 from partitioning.gpu.train import device_for_rank
 from partitioning.train.cli import PROG, Request, kept_settings, parse
 from partitioning.train.data import read_dataset
+from partitioning.train.layout import METRICS
 from partitioning.train.memory import return_large_frees
 from partitioning.train.metrics import MetricsLog, peak_memory
 from partitioning.train.optim import OptimizerSettings, exempt_from_decay, make_optimizer
-from partitioning.train.save import read_state, restore, save, training_state
+from partitioning.train.save import checkpoint_dir, prune, read_state, restore, save, training_state
 from partitioning.train.stage import StageModel, load_stage
 
 
@@ -75,10 +76,15 @@ def train(request: Request, device: torch.device) -> StageModel:
                                              (request.save_every is not None and done % request.save_every == 0)):
                 run_state = {"step": done, "examples_seen": done * size, "stages": stage.stages,
                              **kept_settings(request, plan, stage.micro_batches)}
-                save(stage, request.save, training_state(optimizer, scheduler, names), run_state,
-                     stage.checkpoint)
+                limit = request.save_total_limit
+                kept = limit is not None and done != request.steps  # into a checkpoint-<step>/
+                target = checkpoint_dir(request.save, done) if kept else request.save
+                save(stage, target, training_state(optimizer, scheduler, names), run_state, stage.checkpoint,
+                     metrics=request.save / METRICS if kept else None)
+                if limit is not None and kept and dist.get_rank() == 0:
+                    prune(request.save, limit)
                 if reporter:
-                    print(f"saved step {done} to {request.save}", flush=True)
+                    print(f"saved step {done} to {target}", flush=True)
     finally:
         if metrics is not None:
             metrics.close()

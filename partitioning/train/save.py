@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,8 @@ from common.errors import UserError
 from common.files import read_json_object
 from common.versions import Release
 from partitioning.train.checkpoint import BIN, CONFIG, SAFETENSORS, SAFETENSORS_INDEX, Checkpoint, write_safetensors
-from partitioning.train.layout import OUTSIDE_COMMIT, STATE
+from partitioning.train.layout import METRICS, OUTSIDE_COMMIT, STATE
+from partitioning.train.metrics import history
 from partitioning.train.model import source_key
 from partitioning.train.stage import StageModel
 
@@ -49,6 +51,7 @@ SHARDED_BIN_FROM, SAFETENSORS_FROM = Release.parse("4.18.0"), Release.parse("4.2
 COMPANIONS = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
               "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model", "tokenizer.model",
               "chat_template.jinja", "chat_template.json", "generation_config.json")
+_CHECKPOINT, _REMOVED = re.compile(r"^checkpoint-(\d+)$"), re.compile(r"^\.checkpoint-\d+\.removed$")
 _WEIGHTS = re.compile(r"^(model|pytorch_model)(-\d{5}-of-\d{5})?\.(safetensors|bin)(\.index\.json)?$")
 
 
@@ -73,6 +76,23 @@ def weight_files(version: str) -> tuple[str, ...]:
     return ("sharded-bin",) if release < SAFETENSORS_FROM else ()
 
 
+def checkpoint_dir(directory: Path, step: int) -> Path:
+    """Where ``--save-total-limit`` puts the save of step ``step`` (the run's last save goes to ``directory``)."""
+    return directory / f"checkpoint-{step}"
+
+
+def prune(directory: Path, keep: int) -> None:
+    """Keep the newest ``keep`` ``checkpoint-<step>/`` of ``directory`` (rank 0, after a commit): each older one is
+    renamed out of the way first (one rename: a checkpoint is whole or gone), then removed."""
+    found = sorted((int(match[1]), path) for path in directory.iterdir()
+                   if (match := _CHECKPOINT.match(path.name)) and path.is_dir())
+    for _, path in found[:-keep]:
+        os.replace(path, path.with_name(f".{path.name}.removed"))
+    for leftover in directory.iterdir():  # this prune's, and any a killed one left
+        if _REMOVED.match(leftover.name):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
 def check_save_dir(directory: Path) -> None:
     """``--save DIR`` may be new, empty, or a directory this command wrote; nothing else is overwritten."""
     if directory.exists() and not directory.is_dir():
@@ -85,17 +105,25 @@ def check_save_dir(directory: Path) -> None:
     reason = cannot_create_in(existing)
     if reason is not None:
         raise UserError(f"--save {directory}: cannot write into {existing} ({reason})")
-    if (directory.is_dir() and any(not is_temporary(p.name) and p.name not in OUTSIDE_COMMIT
-                                   for p in directory.iterdir())
-            and not _ours(directory)):  # a run that died before its first save leaves these alone
+    if (directory.is_dir() and any(not _left_by_a_run(path) for path in directory.iterdir())
+            and not _ours(directory)):
         raise UserError(f"--save {directory} is a directory train-model did not write (no {STATE}): "
                         f"give a new or empty directory")
 
 
+def _left_by_a_run(path: Path) -> bool:
+    """What a run that died before its final save leaves in its ``--save`` directory: the files written outside
+    the commits, its checkpoints, their leftovers."""
+    return (is_temporary(path.name) or path.name in OUTSIDE_COMMIT or bool(_REMOVED.match(path.name))
+            or (bool(_CHECKPOINT.match(path.name)) and _ours(path)))
+
+
 def tidy(directory: Path) -> None:
     """After the ranks stopped mid-save: roll back its commit if it began, remove the files its ranks staged."""
-    for folder in (directory, directory / "train_state"):
-        recover(folder)
+    checkpoints = [path for path in directory.iterdir() if _CHECKPOINT.match(path.name)] if directory.is_dir() else []
+    for saved in (directory, *checkpoints):
+        for folder in (saved, saved / "train_state"):
+            recover(folder)
 
 
 def _ours(directory: Path) -> bool:
@@ -168,8 +196,10 @@ def _unheld(model: StageModel, written: set[str], source: Checkpoint) -> dict[st
 
 
 def save(model: StageModel, directory: Path, training: dict[str, Any], run_state: dict[str, Any],
-         source: Checkpoint) -> None:
-    """Write the checkpoint: every rank its own shard and state, rank 0 the rest and the commit (a collective)."""
+         source: Checkpoint, metrics: Path | None = None) -> None:
+    """Write the checkpoint: every rank its own shard and state, rank 0 the rest and the commit (a collective).
+    ``metrics``: the run's metrics file, whose steps so far the checkpoint holds as its own (``checkpoint-<step>/``:
+    the run's file lives in the directory above)."""
     directory = Path(os.path.abspath(directory))
     if dist.get_rank() == 0:
         if directory.is_dir():
@@ -205,7 +235,7 @@ def save(model: StageModel, directory: Path, training: dict[str, Any], run_state
     if writer and BIN in weight_files(model.version):
         _gather_bin(model, written, directory, staged)
     if dist.get_rank() == 0:
-        _commit(model, directory, parts, staged, run_state)
+        _commit(model, directory, parts, staged, run_state, metrics)
     dist.barrier()
 
 
@@ -235,7 +265,7 @@ def _every_key(model: StageModel, found: dict[str, torch.Tensor]) -> dict[str, t
 
 
 def _commit(model: StageModel, directory: Path, parts: list[Any], staged: dict[Path, Path],
-            run_state: dict[str, Any]) -> None:
+            run_state: dict[str, Any], metrics: Path | None) -> None:
     weight_map: dict[str, str] = {}
     total = 0
     bins: dict[str, str] = {}
@@ -250,6 +280,8 @@ def _commit(model: StageModel, directory: Path, parts: list[Any], staged: dict[P
     files = {CONFIG: config.to_json_string().encode(), SAFETENSORS_INDEX: json.dumps(index, indent=2).encode(),
              STATE: json.dumps({"generator": GENERATOR, "data_parallel": model.replicas, **run_state},
                                indent=1).encode()}
+    if metrics is not None:  # the reporting rank wrote the step's line before the save's first barrier
+        files[METRICS] = "".join(line + "\n" for line in history(metrics.parent, run_state["step"])).encode()
     for name in COMPANIONS:
         carried = model.checkpoint.directory / name
         if carried.is_file() and os.path.abspath(carried) != os.path.abspath(directory / name):

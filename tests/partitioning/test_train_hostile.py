@@ -151,6 +151,7 @@ def test_save_over_a_file_or_a_foreign_directory(setup: dict[str, Path], capsys:
 def test_options(setup: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert "give --checkpoint DIR" in run(setup, capsys, resume=setup["checkpoint"])
     assert "--save-every needs --save" in run(setup, capsys, save_every="2")
+    assert "give --save-every N" in run(setup, capsys, save=setup["root"] / "limited", save_total_limit="2")
     assert "--betas" in run(setup, capsys, betas="0.9")
 
 

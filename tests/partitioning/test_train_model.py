@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from support import train_runs
 from support.heads import class_family
 from support.model_families import FAMILIES
@@ -174,7 +175,7 @@ def test_train_model_equals_one_process_training(tmp_path: Path, family: str) ->
         cases["resumed"] = [*common, "--resume", str(tmp_path / "half"), "--steps", "4", "--save",
                             str(tmp_path / "resumed")]
         cases["whole"] = [*common, "--checkpoint", str(checkpoint), "--steps", "4", "--save", str(tmp_path / "whole"),
-                          "--tensorboard", str(tmp_path / "tensorboard")]
+                          "--tensorboard", str(tmp_path / "tensorboard"), "--save-every", "1", "--save-total-limit", "2"]
     heads = {}  # the family's other training classes, one schedule each (the 3-stage run takes the other)
     for class_name in (name for name, case in HEAD_CASES.items() if case[0] == family):
         cases[class_name], heads[class_name] = head_case(class_name, tmp_path / class_name, 2)
@@ -202,6 +203,7 @@ def test_train_model_equals_one_process_training(tmp_path: Path, family: str) ->
         whole = stock_class(family).from_pretrained(tmp_path / "whole")
         assert_saved_equals(family, tmp_path / "resumed", whole)
         assert_metrics(tmp_path)
+        assert_checkpoints(tmp_path / "whole", tmp_path / "half")
         for name in COMPANIONS:  # carried over by every save: from the checkpoint, and from the run resumed
             assert all((tmp_path / run / name).read_bytes() == (checkpoint / name).read_bytes()
                        for run in ("half", "resumed", "whole")), name
@@ -227,6 +229,24 @@ def assert_metrics(root: Path) -> None:
     scalars = [(event.step, event.value) for event in events.Scalars("train/loss")]
     assert scalars == [(r["step"], torch.tensor(r["loss"], dtype=torch.float32).item()) for r in runs["whole"]]
     assert len(events.Scalars("train/peak_memory_bytes/stage_1")) == 4
+
+
+def assert_checkpoints(whole: Path, half: Path) -> None:
+    """--save-every 1 --save-total-limit 2 of 4 steps: checkpoint-2/ and checkpoint-3/ kept (checkpoint-1/ pruned),
+    the last save in the directory itself; checkpoint-2/ is the 2-step run's save (same schedule: --decay-steps 4),
+    tensor for tensor, with its history as its metrics file."""
+    assert sorted(path.name for path in whole.iterdir() if path.name.startswith(("checkpoint-", ".checkpoint-"))) == [
+        "checkpoint-2", "checkpoint-3"]
+    kept = {key: tensor for path in sorted((whole / "checkpoint-2").glob("*.safetensors"))
+            for key, tensor in load_file(path).items()}
+    saved = {key: tensor for path in sorted(half.glob("*.safetensors")) for key, tensor in load_file(path).items()}
+    assert sorted(kept) == sorted(saved) and all(torch.equal(kept[key], saved[key]) for key in kept)
+    exact = ("step", "loss", "lr", "grad_norm")
+    history = [json.loads(line) for line in (whole / "checkpoint-2" / METRICS).read_text().splitlines()]
+    assert [[r[k] for k in exact] for r in history] == [[r[k] for k in exact] for r in
+                                                        map(json.loads, (half / METRICS).read_text().splitlines())]
+    _, info = stock_class("t5").from_pretrained(whole / "checkpoint-3", output_loading_info=True)
+    assert not any(info.values()), info
 
 
 def test_three_stages(tmp_path: Path) -> None:
