@@ -310,6 +310,8 @@ def _execute(request: Request, shown: Request) -> int:
                 command = [PROG, *to_argv(replace(shown, node_rank=node, rdzv_endpoint=endpoint, config_file=None))]
             print(" ".join(shlex.quote(part) for part in command))
         return 0
+    print(f"{PROG}: plan, checkpoint and data checked; starting {per_node} of {ranks} ranks ({stages} stages x "
+          f"{request.data_parallel} replica(s))", flush=True)
     try:
         run_ranks(RANK_MODULE, argv, per_node, PROG, nodes=request.nnodes, node_rank=request.node_rank,
                   endpoint=request.rdzv_endpoint)

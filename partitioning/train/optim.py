@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,16 +110,16 @@ class PiecewiseAdamW(torch.optim.AdamW):
                 parameter.grad.zero_()
 
 
-def exempt_from_decay(module: torch.nn.Module, stock_names: Mapping[str, str]) -> set[str]:
-    """The names (``module``'s own) of its parameters HF Trainer gives no weight decay: inside an ``nn.LayerNorm``,
-    or a stock name (``stock_names``: ``module``'s name -> the stock model's) matching :data:`NO_DECAY_PATTERNS`.
-    A pattern found in the name relative to any module above the parameter (as Trainer searches) is found in the
-    whole name: each starts at a dot of it."""
-    inside = {f"{prefix}.{name}" if prefix else name
-              for prefix, child in module.named_modules() if prefix and isinstance(child, torch.nn.LayerNorm)
-              for name, _ in child.named_parameters()}
-    return {name for name, _ in module.named_parameters()
-            if name in inside or any(pattern.search(stock_names[name].lower()) for pattern in NO_DECAY_PATTERNS)}
+def exempt_from_decay(model: torch.nn.Module, stock_name: Callable[[str], str]) -> set[str]:
+    """The stock names (``stock_name`` of each of ``model``'s own) of the parameters HF Trainer gives no weight
+    decay: inside an ``nn.LayerNorm``, or named to match :data:`NO_DECAY_PATTERNS`.  ``model`` is a whole model
+    (a stage's graph has lost the modules; its rank asks of the model it was split from).  A pattern found in
+    the name relative to any module above the parameter (as Trainer searches) is found in the whole name: each
+    starts at a dot of it."""
+    inside = {f"{prefix}.{name}" for prefix, child in model.named_modules() if prefix
+              and isinstance(child, torch.nn.LayerNorm) for name, _ in child.named_parameters()}
+    return {stock_name(name) for name, _ in model.named_parameters()
+            if name in inside or any(pattern.search(stock_name(name).lower()) for pattern in NO_DECAY_PATTERNS)}
 
 
 def make_optimizer(named: Iterable[tuple[str, torch.nn.Parameter]], exempt: set[str], settings: OptimizerSettings

@@ -36,8 +36,12 @@ def train(request: Request, device: torch.device) -> StageModel:
     stages = len(set(plan.ranks))  # ranks per pipeline (a rank may run several of the plan's stages)
     replicas = request.data_parallel
     state = read_state(request.resume, stages, replicas) if request.resume is not None else None
+    began = time.perf_counter()
     stage = load_stage(plan, request.resume or request.checkpoint, device, request.micro_batches,  # type: ignore[arg-type]
                        replicas, request.models_dir, request.tied_sum, request.dtype, request.config_from_checkpoint)
+    if dist.get_rank() == 0:  # what the first step waits for, said before it (a large stage loads for a while)
+        print(f"loaded stage 0's {len(stage.loaded)} tensors in {time.perf_counter() - began:.1f} s; step "
+              f"{(state or {}).get('step', 0) + 1} starts on {dist.get_world_size()} ranks", flush=True)
     torch.manual_seed(request.seed + dist.get_rank())  # each rank's own stream (dropout): saved and restored
     size = stage.micro_batch.batch * stage.micro_batches * replicas  # a step's examples, all replicas together
     data = (read_dataset(request.data, stage.specs, stage.config, stage.micro_batch, size)
@@ -45,8 +49,9 @@ def train(request: Request, device: torch.device) -> StageModel:
     settings = OptimizerSettings(lr=request.lr, weight_decay=request.weight_decay, betas=request.betas,
                                  eps=request.eps, warmup=request.warmup_steps, decay=request.decay,
                                  total=request.decay_steps or request.steps, decay_all=request.decay_all_parameters)
-    optimizer, scheduler = make_optimizer(stage.module.named_parameters(), exempt_from_decay(stage.module, stage.names),
-                                          settings)
+    exempt = exempt_from_decay(stage.meta.model, stage.meta.stock_name)  # stock names, read off the whole model
+    optimizer, scheduler = make_optimizer(stage.module.named_parameters(),
+                                          {name for name, stock in stage.names.items() if stock in exempt}, settings)
     names = list(stage.names.values())
     start = 0
     if state is not None:
@@ -57,6 +62,7 @@ def train(request: Request, device: torch.device) -> StageModel:
     last = stage.run.last  # this rank holds the last stage: it gets the losses
     reporter = last and stage.replica == 0
     metrics = MetricsLog(request.save, request.tensorboard, request.resume, start) if reporter else None
+    run_began = time.perf_counter()
     try:
         for step in range(start, request.steps):
             began = time.perf_counter()
@@ -70,8 +76,10 @@ def train(request: Request, device: torch.device) -> StageModel:
             scheduler.step()
             optimizer.zero_grad()
             if done % request.log_every == 0 or done == request.steps:
+                now = time.perf_counter()
+                eta = (now - run_began) / (done - start) * (request.steps - done)  # this run's mean step so far
                 report_step(stage, losses, metrics, {"step": done, "lr": lr, "grad_norm": norm, "tokens": tokens,
-                                                     "seconds": time.perf_counter() - began}, request.steps)
+                                                     "seconds": now - began, "eta": eta}, request.steps)
             if request.save is not None and (done == request.steps or
                                              (request.save_every is not None and done % request.save_every == 0)):
                 run_state = {"step": done, "examples_seen": done * size, "stages": stage.stages,
@@ -79,12 +87,13 @@ def train(request: Request, device: torch.device) -> StageModel:
                 limit = request.save_total_limit
                 kept = limit is not None and done != request.steps  # into a checkpoint-<step>/
                 target = checkpoint_dir(request.save, done) if kept else request.save
+                saving = time.perf_counter()
                 save(stage, target, training_state(optimizer, scheduler, names), run_state, stage.checkpoint,
                      metrics=request.save / METRICS if kept else None)
                 if limit is not None and kept and dist.get_rank() == 0:
                     prune(request.save, limit)
                 if reporter:
-                    print(f"saved step {done} to {target}", flush=True)
+                    print(f"saved step {done} to {target} in {time.perf_counter() - saving:.1f} s", flush=True)
     finally:
         if metrics is not None:
             metrics.close()
@@ -106,14 +115,21 @@ def report_step(stage: StageModel, losses: list[torch.Tensor], metrics: MetricsL
     if stage.replica != 0:
         return
     loss, seconds = mean.item() / stage.replicas, step["seconds"]
+    eta = "" if step["step"] == steps else f", {_duration(step['eta'])} to go"
     print(f"step {step['step']}/{steps}: loss {loss:.4f}, {step['tokens'] / seconds:.0f} tokens/s, "
-          f"lr {step['lr']:.3g}", flush=True)
+          f"lr {step['lr']:.3g}{eta}", flush=True)
     if metrics is not None:
         norm = step["grad_norm"]
         metrics.log({"step": step["step"], "loss": loss, "lr": step["lr"],
                      **({"grad_norm": norm.item()} if norm is not None else {}),
                      "tokens_per_s": step["tokens"] / seconds, "seconds": seconds,
                      "peak_memory_bytes": [used for used, _ in peaks], "memory": peak[1]})
+
+
+def _duration(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{rest:02d}s" if minutes else f"{rest}s"
 
 
 def check_finite(stage: StageModel, losses: list[torch.Tensor], done: int) -> None:
