@@ -56,6 +56,10 @@ def run_ranks(module: str, arguments: list[str], ranks: int, prog: str | None = 
         _torchrun(command, env, prog or module)
 
 
+# The ranks' progress lines the launcher prints (the rest of their output is torchrun's, kept for a failure).
+RELAYED = ("step ", "saved step ", "loaded stage ")
+
+
 def _torchrun(command: list[str], env: dict[str, str], prog: str = TRAIN) -> None:
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                              start_new_session=True, preexec_fn=_stop_with_parent(os.getpid()))
@@ -64,7 +68,7 @@ def _torchrun(command: list[str], env: dict[str, str], prog: str = TRAIN) -> Non
     try:
         assert child.stdout is not None
         for line in child.stdout:
-            if line.startswith("step "):
+            if line.startswith(RELAYED):
                 print(line.rstrip(), flush=True)
             if line.startswith(f"{prog} (rank ") and ": error: " in line:
                 reported.append(line.rstrip())

@@ -20,17 +20,27 @@ import sys
 import tempfile
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import tomllib
 
-from common.atomic import write_atomic
 from common.cli import Parser, count, nonempty_path, positive_int, positive_number, run
 from common.errors import UserError
+from partitioning.files import read_plan
+from partitioning.gpu.autocast import DTYPES
+from partitioning.gpu.launch import run_ranks, torchrun_command
+from partitioning.gpu.pipelining import splits_backward
+from partitioning.gpu.schedule_stages import check_placement
+from partitioning.plan import Plan
+from partitioning.solve.costs import TIED_SUMS
+from partitioning.train.checkpoint import Checkpoint
+from partitioning.train.data import check_learnable, read_dataset
 from partitioning.train.layout import SETTINGS
-
-if TYPE_CHECKING:
-    from partitioning.plan import Plan
+from partitioning.train.model import build_meta, check_checkpoint, check_tied, checkpoint_config
+from partitioning.train.optim import DECAYS
+from partitioning.train.save import check_save_dir, read_state, tidy
+from partitioning.train.stage import plan_model, settings_of
+from partitioning.train.text import write_examples
 
 PROG = "train-model"
 RANK_MODULE = "partitioning.train.rank"
@@ -71,6 +81,7 @@ class Request:
     config_from_checkpoint: bool = False  # config fields the plan has otherwise: the checkpoint's (with a warning)
     verbose: bool = False
     config_file: Path | None = None  # the settings it held are in the fields above (the ranks never read it)
+    echo_settings: Path | None = None  # a rank's: the launcher's settings_text of the run, for the saves
 
 
 def _betas(text: str) -> tuple[float, float]:
@@ -94,10 +105,6 @@ def _nonnegative(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
-    from partitioning.gpu.autocast import DTYPES
-    from partitioning.solve.costs import TIED_SUMS
-    from partitioning.train.optim import DECAYS
-
     parser = Parser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--plan", type=nonempty_path, required=True, help="plan JSON written by partition-model")
     parser.add_argument("--checkpoint", type=nonempty_path, help="HF model directory to start from")
@@ -151,9 +158,12 @@ def parser() -> argparse.ArgumentParser:
                              "(dropout, eps, rope, activation, token ids): train the checkpoint's value, with a "
                              "warning naming each field (default: refuse)")
     parser.add_argument("-v", "--verbose", action="store_true")
+    # the launcher's --config-file form of the run as the user gave it (a rank's own request may hold the data
+    # file --text was packed into), which the saves hold as DIR/train_config.toml
+    parser.add_argument("--echo-settings", type=nonempty_path, help=argparse.SUPPRESS)
     parser.add_argument("--config-file", type=nonempty_path, metavar="TOML",
                         help="settings as a TOML file, one per flag (lr = 1e-4, betas = [0.9, 0.99], "
-                             "decay-all-parameters = true); the command line overrides them. --save DIR gets the "
+                             "decay-all-parameters = true); the command line overrides them. Each save holds the "
                              f"run's settings as DIR/{SETTINGS}, a file of this form")
     return parser
 
@@ -169,7 +179,7 @@ def settings_argv(path: Path) -> list[str]:
     argv = []
     for key, value in settings.items():
         name, flag = key.replace("-", "_"), "--" + key.replace("_", "-")
-        if name not in known or name == "config_file":
+        if name not in known or name in ("config_file", "echo_settings"):
             raise UserError(f"--config-file {path}: unknown setting {key!r} ({PROG} has no {flag})")
         switch = known[name].type == "bool"
         if isinstance(value, bool) != switch or isinstance(value, dict):
@@ -186,7 +196,7 @@ def settings_text(request: Request) -> str:
     """``request`` as a --config-file: every setting it has, one line each, in the flags' order."""
     lines = []
     for key, value in vars(request).items():
-        if value is None or key == "config_file":
+        if value is None or key in ("config_file", "echo_settings"):
             continue
         if isinstance(value, bool):
             shown = "true" if value else "false"
@@ -237,11 +247,6 @@ def execute(request: Request) -> int:
     """Check everything, then start the ranks; ``--text`` is packed into a JSON Lines file for them first."""
     if request.text is None:
         return _execute(request, request)
-    from partitioning.files import read_plan
-    from partitioning.train.checkpoint import Checkpoint
-    from partitioning.train.stage import plan_model
-    from partitioning.train.text import write_examples
-
     family, class_name, _, _, micro_batch = plan_model(read_plan(request.plan), request.models_dir)
     causal = family.definition.classes[class_name].causal_lm
     start = request.checkpoint or request.resume
@@ -255,16 +260,6 @@ def execute(request: Request) -> int:
 
 def _execute(request: Request, shown: Request) -> int:
     """``shown``: the request as the user gave it (what the printed per-machine commands repeat)."""
-    from partitioning.files import read_plan
-    from partitioning.gpu.launch import run_ranks, torchrun_command
-    from partitioning.gpu.pipelining import splits_backward
-    from partitioning.gpu.schedule_stages import check_placement
-    from partitioning.train.checkpoint import Checkpoint
-    from partitioning.train.data import check_learnable, read_dataset
-    from partitioning.train.model import build_meta, check_checkpoint, check_tied, checkpoint_config
-    from partitioning.train.save import check_save_dir, read_state
-    from partitioning.train.stage import plan_model, settings_of
-
     plan = read_plan(request.plan)
     family, class_name, config, specs, micro_batch = plan_model(plan, request.models_dir)
     micro_batches, schedule = settings_of(plan, request.micro_batches)
@@ -300,8 +295,6 @@ def _execute(request: Request, shown: Request) -> int:
                         f"among --nnodes {request.nnodes}")
     per_node = ranks // request.nnodes
     argv = to_argv(replace(request, nnodes=1, node_rank=None, rdzv_endpoint=None, config_file=None))
-    if request.save is not None and request.node_rank in (None, 0):  # the machine that commits the saves
-        write_atomic(request.save / SETTINGS, settings_text(shown).encode())
     if request.nnodes > 1 and request.node_rank is None:
         endpoint = request.rdzv_endpoint or "NODE0_HOST:29500"
         for node in range(request.nnodes):  # what each machine runs (the same paths on every machine)
@@ -313,12 +306,13 @@ def _execute(request: Request, shown: Request) -> int:
     print(f"{PROG}: plan, checkpoint and data checked; starting {per_node} of {ranks} ranks ({stages} stages x "
           f"{request.data_parallel} replica(s))", flush=True)
     try:
-        run_ranks(RANK_MODULE, argv, per_node, PROG, nodes=request.nnodes, node_rank=request.node_rank,
-                  endpoint=request.rdzv_endpoint)
+        with tempfile.TemporaryDirectory(prefix="train-model-settings.") as scratch:
+            echo = Path(scratch) / SETTINGS  # the run's settings as the user gave them: the saves hold them
+            echo.write_text(settings_text(shown), encoding="utf-8")
+            run_ranks(RANK_MODULE, [*argv, "--echo-settings", str(echo)], per_node, PROG, nodes=request.nnodes,
+                      node_rank=request.node_rank, endpoint=request.rdzv_endpoint)
     except BaseException:  # the ranks are stopped (a failure, Ctrl-C): a save they were writing is rolled back
         if request.save is not None and request.nnodes == 1:  # on one machine every writer is known dead
-            from partitioning.train.save import tidy
-
             tidy(request.save)
         raise
     return 0

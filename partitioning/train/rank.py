@@ -19,7 +19,7 @@ from common.cli import report
 from common.errors import UserError
 from partitioning.files import read_plan
 from partitioning.gpu.train import device_for_rank
-from partitioning.train.cli import PROG, Request, kept_settings, parse
+from partitioning.train.cli import PROG, Request, kept_settings, parse, settings_text
 from partitioning.train.data import read_dataset
 from partitioning.train.layout import METRICS
 from partitioning.train.memory import return_large_frees
@@ -63,6 +63,7 @@ def train(request: Request, device: torch.device) -> StageModel:
     reporter = last and stage.replica == 0
     metrics = MetricsLog(request.save, request.tensorboard, request.resume, start) if reporter else None
     run_began = time.perf_counter()
+    echoed = request.echo_settings.read_text(encoding="utf-8") if request.echo_settings else settings_text(request)
     try:
         for step in range(start, request.steps):
             began = time.perf_counter()
@@ -89,7 +90,7 @@ def train(request: Request, device: torch.device) -> StageModel:
                 target = checkpoint_dir(request.save, done) if kept else request.save
                 saving = time.perf_counter()
                 save(stage, target, training_state(optimizer, scheduler, names), run_state, stage.checkpoint,
-                     metrics=request.save / METRICS if kept else None)
+                     echoed, metrics=request.save / METRICS if kept else None)
                 if limit is not None and kept and dist.get_rank() == 0:
                     prune(request.save, limit)
                 if reporter:

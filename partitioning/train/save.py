@@ -37,7 +37,7 @@ from common.errors import UserError
 from common.files import read_json_object
 from common.versions import Release
 from partitioning.train.checkpoint import BIN, CONFIG, SAFETENSORS, SAFETENSORS_INDEX, Checkpoint, write_safetensors
-from partitioning.train.layout import METRICS, OUTSIDE_COMMIT, STATE
+from partitioning.train.layout import METRICS, OUTSIDE_COMMIT, SETTINGS, STATE
 from partitioning.train.metrics import history
 from partitioning.train.model import source_key
 from partitioning.train.stage import StageModel
@@ -196,8 +196,9 @@ def _unheld(model: StageModel, written: set[str], source: Checkpoint) -> dict[st
 
 
 def save(model: StageModel, directory: Path, training: dict[str, Any], run_state: dict[str, Any],
-         source: Checkpoint, metrics: Path | None = None) -> None:
+         source: Checkpoint, settings: str, metrics: Path | None = None) -> None:
     """Write the checkpoint: every rank its own shard and state, rank 0 the rest and the commit (a collective).
+    ``settings``: the run's, as a --config-file (partitioning/train/cli.py ``settings_text``).
     ``metrics``: the run's metrics file, whose steps so far the checkpoint holds as its own (``checkpoint-<step>/``:
     the run's file lives in the directory above)."""
     directory = Path(os.path.abspath(directory))
@@ -235,7 +236,7 @@ def save(model: StageModel, directory: Path, training: dict[str, Any], run_state
     if writer and BIN in weight_files(model.version):
         _gather_bin(model, written, directory, staged)
     if dist.get_rank() == 0:
-        _commit(model, directory, parts, staged, run_state, metrics)
+        _commit(model, directory, parts, staged, run_state, settings, metrics)
     dist.barrier()
 
 
@@ -265,7 +266,7 @@ def _every_key(model: StageModel, found: dict[str, torch.Tensor]) -> dict[str, t
 
 
 def _commit(model: StageModel, directory: Path, parts: list[Any], staged: dict[Path, Path],
-            run_state: dict[str, Any], metrics: Path | None) -> None:
+            run_state: dict[str, Any], settings: str, metrics: Path | None) -> None:
     weight_map: dict[str, str] = {}
     total = 0
     bins: dict[str, str] = {}
@@ -280,6 +281,7 @@ def _commit(model: StageModel, directory: Path, parts: list[Any], staged: dict[P
     files = {CONFIG: config.to_json_string().encode(), SAFETENSORS_INDEX: json.dumps(index, indent=2).encode(),
              STATE: json.dumps({"generator": GENERATOR, "data_parallel": model.replicas, **run_state},
                                indent=1).encode()}
+    files[SETTINGS] = settings.encode()
     if metrics is not None:  # the reporting rank wrote the step's line before the save's first barrier
         files[METRICS] = "".join(line + "\n" for line in history(metrics.parent, run_state["step"])).encode()
     for name in COMPANIONS:

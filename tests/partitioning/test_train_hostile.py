@@ -176,7 +176,10 @@ def test_the_command_trains_and_a_failing_rank_is_one_line(setup: dict[str, Path
     base = ["--plan", str(setup["plan"]), "--data", str(setup["data"]), "--save", str(out)]
     assert main([*base, "--checkpoint", str(setup["checkpoint"]), "--steps", "1", "--decay-steps", "2",
                  "--log-every", "1"]) == 0
-    assert capsys.readouterr().out.startswith("step 1/1: loss ")
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("train-model: plan, checkpoint and data checked; starting 2 of 2 ranks"), printed
+    assert printed[1].startswith("loaded stage 0's ") and printed[2].startswith("step 1/1: loss "), printed
+    assert printed[3].startswith(f"saved step 1 to {out} in "), printed
     (out / "train_state" / "stage-1.pt").write_bytes(b"damaged")
     before = {path.name: path.read_bytes() for path in out.iterdir() if path.is_file()}
     code = main([*base, "--resume", str(out), "--steps", "2", "--decay-steps", "2"])
