@@ -7,6 +7,7 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import signal
 import sys
 import zipfile
 from pathlib import Path
@@ -19,6 +20,13 @@ pytest.register_assert_rewrite("support.transform_helpers")
 from support.suite_release import put_first  # noqa: E402 (after the rewrite hook: it imports nothing it names)
 
 put_first()  # before any test imports transformers: the suite's in-process release is 4.5.1
+
+# A suite started in the background (``cmd &``, nohup) inherits SIGINT (and SIGHUP) ignored, and so would every
+# process it starts: the tests that interrupt a command would see it ignore the signal.  Handled here, the signals
+# reach those processes with their default action, as from a terminal.
+for _signal in (signal.SIGINT, signal.SIGHUP):
+    if signal.getsignal(_signal) == signal.SIG_IGN:
+        signal.signal(_signal, signal.default_int_handler if _signal == signal.SIGINT else signal.SIG_DFL)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SOURCE_CACHE = FIXTURES / "cache"

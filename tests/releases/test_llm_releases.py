@@ -1,6 +1,8 @@
 """Every committed generated LLM (Llama, Qwen2, Qwen3, Mistral, Gemma 3) against stock transformers of its release.
 
-One worker process per release checks every family committed for it (tests/support/llm_release_worker.py:
+One worker process per release checks the families committed for it (every one at the newest release, one at each
+other, the next along the releases and from run to run: release_process.suite_families;
+tests/support/llm_release_worker.py:
 eval, train loss and every gradient, stateless, fx, train-mode graph, export strict and non-strict: one export
 mode per release but the newest, alternating, release_process.suite_checks, a non-strict export taking one class
 and path per family there, rotating, every one at the newest: release_process.picks), with
@@ -16,7 +18,7 @@ import pytest
 from conftest import load_script
 from support import REPO
 from support.llm_release_worker import CHECKS, FAMILIES, run_in_subprocess
-from support.release_process import picks, suite_checks
+from support.release_process import picks, suite_checks, suite_families
 
 installer = load_script("install_releases")
 GENERATED = REPO / "generated_models"
@@ -54,7 +56,8 @@ def test_generated_llms_equal_stock(release: str, tmp_path: Path) -> None:
     listed = {r.version: r for r in installer.read_releases()}
     assert release in listed and installer.is_installed(listed[release]), (
         f"no stock install of transformers {release}: run bash scripts/setup.sh")
-    families, checks = COMMITTED[release], suite_checks(CHECKS, release, list(COMMITTED))
+    families = suite_families(COMMITTED[release], release, list(COMMITTED))
+    checks = suite_checks(CHECKS, release, list(COMMITTED))
     code, record, stderr = run_in_subprocess(release, installer.install_dir(release), families, tmp_path / "r.json",
                                              checks=",".join(checks),
                                              pick=picks(release, list(COMMITTED)).get("export-non-strict"))

@@ -1,6 +1,8 @@
 """Every committed GPT-2, BERT, RoBERTa and BART package of a release other than 4.5.1 against stock of its release.
 
-One worker process per release checks every seed family committed for it (tests/support/seed_release_worker.py:
+One worker process per release checks the seed families committed for it (every one at the newest release, one at
+each other, the next along the releases and from run to run: release_process.suite_families;
+tests/support/seed_release_worker.py:
 eval, train loss and every gradient, state-dict keys, stateless, fx on two shapes, train-mode graph, export strict
 and non-strict with dynamic sizes; stateless and non-strict exports take every config and class at the newest
 release, one per family description at the others, rotating: release_process.picks, and the trained all-MiniLM-L6-v2 under BERT's classifier head on real text; the suite runs one export mode per release but the newest, alternating:
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import load_script
 from support import REPO
-from support.release_process import picks, suite_checks
+from support.release_process import picks, suite_checks, suite_families
 from support.seed_release_worker import CHECKS, run_in_subprocess
 from support.seed_releases import FAMILIES
 
@@ -54,7 +56,8 @@ def run_release(release: str, families: list[str], out: Path, **options: object)
 
 @pytest.mark.parametrize("release", sorted(COMMITTED))
 def test_generated_seed_families_equal_stock(release: str, tmp_path: Path) -> None:
-    families, checks = COMMITTED[release], suite_checks(CHECKS, release, list(COMMITTED))
+    families = suite_families(COMMITTED[release], release, list(COMMITTED))
+    checks = suite_checks(CHECKS, release, list(COMMITTED))
     code, record, stderr = run_release(release, families, tmp_path / "r.json", checks=",".join(checks),
                                        real_weights="bert" in families,
                                        picks=picks(release, list(COMMITTED)))

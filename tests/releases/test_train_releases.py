@@ -1,4 +1,6 @@
-"""train-model equals one process at every release other than 4.5.1, for every family committed at each.
+"""train-model equals one process at every release other than 4.5.1: every family committed there at the newest 4.x
+and 5.x (FULL), one at each other release, the next along the releases and from run to run
+(release_process.suite_families).
 
 One torchrun launch per release (tests/support/train_release_worker.py, PYTHONPATH that release's side-by-side
 install, one thread on both sides): for every family with a package committed at the release, a stock
@@ -25,7 +27,7 @@ from pathlib import Path
 import pytest
 from conftest import load_script
 from support import REPO, SUPPORT, TORCHRUN
-from support.release_process import environment
+from support.release_process import environment, suite_families
 from support.train_runs import HEAD_CASES, release_heads
 
 installer = load_script("install_releases")
@@ -42,7 +44,7 @@ def committed(release: str) -> list[str]:
     return sorted(path.parent.name for path in (REPO / "generated_models").glob(f"*/{package}") if path.is_dir())
 
 
-def run_worker(release: str, out: Path) -> tuple[int, dict | None, str]:
+def run_worker(release: str, families: list[str], out: Path) -> tuple[int, dict | None, str]:
     """The worker's torchrun launch for ``release``: (exit code, both ranks' results or None, the end of its output)."""
     listed = {r.version: r for r in installer.read_releases()}
     assert release in listed and installer.is_installed(listed[release]), (
@@ -50,7 +52,7 @@ def run_worker(release: str, out: Path) -> tuple[int, dict | None, str]:
     install = installer.install_dir(release)
     first = ("gpipe", "1f1b")[RELEASES.index(release) % 2]
     proc = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node=2", str(SUPPORT / "train_release_worker.py"),
-                           "--release", release, "--install-dir", str(install), "--families", ",".join(committed(release)),
+                           "--release", release, "--install-dir", str(install), "--families", ",".join(families),
                            "--heads", ",".join(release_heads(RELEASES.index(release))), "--first", first, "--out",
                            str(out)], env=environment(install), capture_output=True, text=True, timeout=900)
     parts = sorted(out.glob("result.rank*.json"))
@@ -67,8 +69,8 @@ def test_every_release_and_family_is_run() -> None:
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_train_model_equals_one_process_at_every_release(release: str, tmp_path: Path) -> None:
-    families = committed(release)
-    code, result, output = run_worker(release, tmp_path)
+    families = suite_families(committed(release), release, RELEASES, every=FULL)
+    code, result, output = run_worker(release, families, tmp_path)
     assert result is not None, f"transformers {release}: the worker wrote no result (exit {code}): {output}"
     heads = release_heads(RELEASES.index(release))
     assert sorted(result) == sorted([*families, *heads])

@@ -7,6 +7,8 @@ The caller starts it with :func:`environment`; the process checks first thing, w
 from __future__ import annotations
 
 import os
+import subprocess
+from functools import cache
 from pathlib import Path
 
 from families.installed import tokenizers_hidden
@@ -29,6 +31,42 @@ def wrong_release(release: str, install_dir: Path) -> str | None:
 
 
 EXPORT_MODES = ("export-strict", "export-non-strict")
+ROTATION = "HF_PIPELINE_ROTATION"  # set: the run index to rotate by (to reproduce another run's choice)
+
+
+@cache
+def run_index() -> int:
+    """This run's place in the suite's rotation from one CI run to the next: ``HF_PIPELINE_ROTATION`` when set, else
+    the checkout's commit count (every submission moves it on), else 0 (no git)."""
+    if os.environ.get(ROTATION, "").isdigit():
+        return int(os.environ[ROTATION])
+    try:
+        done = subprocess.run(["git", "rev-list", "--count", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                              text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return int(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip().isdigit() else 0
+
+
+def suite_families(families: list[str], release: str, releases: list[str], run: int | None = None,
+                   every: tuple[str, ...] = ()) -> list[str]:
+    """The families of ``families`` (those committed at ``release``, one of a worker's ``releases``) the suite
+    checks there: all at the newest and at ``every``; at the others one, the next one along the releases and from
+    one run to the next (``run``: default :func:`run_index`), so that every release is checked in every run, every
+    family at the newest, and each (release, family) once in as many runs as the release has families."""
+    position = rotation(release, releases)
+    if position is None or release in every:
+        return families
+    ordered = sorted(families)
+    return [ordered[(position + (run_index() if run is None else run)) % len(ordered)]]
+
+
+def exports_this_run(release: str, releases: list[str], run: int | None = None) -> bool:
+    """Whether ``release`` exports in this run: the newest always, the others every other run, half of them each
+    run (alternating along the releases).  Exporting is most of a worker's time; scripts/release_table.py exports
+    every release in both modes."""
+    position = rotation(release, releases)
+    return position is None or (position + (run_index() if run is None else run)) % 2 == 0
 
 
 def rotation(release: str, releases: list[str]) -> int | None:
@@ -41,21 +79,26 @@ def rotation(release: str, releases: list[str]) -> int | None:
     return None if position == len(ordered) - 1 else position
 
 
-def suite_checks(checks: tuple[str, ...], release: str, releases: list[str]) -> tuple[str, ...]:
+def suite_checks(checks: tuple[str, ...], release: str, releases: list[str], run: int | None = None
+                 ) -> tuple[str, ...]:
     """The checks the suite runs at ``release``, one of a worker's ``releases``: every check at the newest; at the
-    others one export mode, strict and non-strict alternating along the releases. Exporting is three quarters of a
-    worker's time, so every release is still exported each CI run, and both modes are run at every release by
-    scripts/release_table.py (the published table)."""
+    others every check but the exports where :func:`exports_this_run` says no, and one export mode where it says
+    yes, strict and non-strict alternating along the exporting releases and from run to run.  Both modes are run
+    at every release by scripts/release_table.py (the published table)."""
     position = rotation(release, releases)
     if position is None:
         return checks
-    return tuple(check for check in checks if check != EXPORT_MODES[1 - position % 2])
+    run = run_index() if run is None else run
+    if not exports_this_run(release, releases, run):
+        return tuple(check for check in checks if check not in EXPORT_MODES)
+    dropped = EXPORT_MODES[1 - (position // 2 + run // 2) % 2]
+    return tuple(check for check in checks if check != dropped)
 
 
-def picks(release: str, releases: list[str]) -> dict[str, int]:
+def picks(release: str, releases: list[str], run: int | None = None) -> dict[str, int]:
     """Which of each family's configs the stateless check, and which of its classes a non-strict export, takes at
-    ``release`` in the suite: all (no pick) at the newest; at the others the config at the release's position, and
-    the next class at each release that exports non-strict (every other one: suite_checks), so that both rotate
-    along the releases."""
+    ``release`` in the suite: all (no pick) at the newest; at the others the one at the release's position plus the
+    run's index, so that both rotate along the releases and from one run to the next."""
     position = rotation(release, releases)
-    return {} if position is None else {"stateless": position, "export-non-strict": position // 2}
+    run = run_index() if run is None else run
+    return {} if position is None else {"stateless": position + run, "export-non-strict": position // 2 + run}
