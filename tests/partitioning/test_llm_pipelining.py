@@ -26,7 +26,7 @@ import pytest
 from conftest import load_script
 from support import REPO, SUPPORT, TORCHRUN
 from support.llm_release_worker import FAMILIES
-from support.release_process import rotation
+from support.release_process import rotation, run_index
 
 from common.versions import Release
 
@@ -92,9 +92,22 @@ def cases(release: str, families: list[str], ranks: int, releases: list[str]) ->
     return [f"{family}@{release}/{CUTS[ranks][(index + shift) % 2]}" for index, family in enumerate(families)]
 
 
+def launches(run: int) -> dict[tuple[str, int], list[str]]:
+    """(release, ranks) -> the cases of one launch, for CI run ``run``: both rank counts at the newest release, one
+    at each other, 2 and 3 alternating along the releases and from one run to the next (so that two consecutive
+    runs launch every release on both)."""
+    releases = list(COMMITTED)
+    chosen = {}
+    for release, families in COMMITTED.items():
+        position = rotation(release, releases)
+        for ranks in CUTS:
+            if position is None or ranks == sorted(CUTS)[(position + run) % 2]:
+                chosen[release, ranks] = cases(release, families, ranks, releases)
+    return chosen
+
+
 COMMITTED = committed()
-LAUNCHES = {(release, ranks): cases(release, families, ranks, list(COMMITTED))
-            for release, families in COMMITTED.items() for ranks in CUTS}
+LAUNCHES = launches(run_index())
 
 
 def model_level_rotary(family: str, release: str) -> bool:
@@ -148,21 +161,25 @@ def test_pipelined_llms_equal_one_process(release: str, ranks: int, tmp_path: Pa
 
 
 def test_the_rotation_keeps_every_family_on_two_and_three_ranks_tied_and_untied() -> None:
-    """What `cases` promises, on the committed packages: every (family, release) pipelined on 2 and 3 ranks, tied
-    and untied; every family under GPipe and 1F1B at some release and under all four cuts at the newest; each
+    """What `cases` and `launches` promise, on the committed packages: in two consecutive runs every (family,
+    release) pipelined on 2 and 3 ranks, tied and untied; every family under GPipe and 1F1B at some release and under all four cuts at the newest; each
     launch holds both of its rank count's cuts."""
     newest = max(COMMITTED, key=Release.parse)
-    for (release, ranks), listed in LAUNCHES.items():
+    both = {**launches(run_index()), **launches(run_index() + 1)}  # two consecutive runs
+    this_run = launches(run_index())  # every release launched in every run: twice at the newest, once elsewhere
+    assert all(len([r for rel, r in this_run if rel == release]) == (2 if release == newest else 1)
+               for release in COMMITTED)
+    for (release, ranks), listed in both.items():
         assert {case.split("/", 1)[1] for case in listed} == set(CUTS[ranks]), (release, ranks)
     for release, families in COMMITTED.items():
         for family in families:
-            cuts = [case.split("/", 1)[1] for ranks in CUTS for case in LAUNCHES[release, ranks]
+            cuts = [case.split("/", 1)[1] for ranks in CUTS for case in both[release, ranks]
                     if case.startswith(f"{family}@")]
             assert {cut.split(":")[2] for cut in cuts} == {"2", "3"}, (family, release)
             assert {cut.split(":")[0] for cut in cuts} == {"tied", "untied"}, (family, release)
             if release == newest:
                 assert sorted(cuts) == sorted(cut for pair in CUTS.values() for cut in pair)
     for family in {family for families in COMMITTED.values() for family in families}:
-        schedules = {case.split(":")[1] for listed in LAUNCHES.values() for case in listed
+        schedules = {case.split(":")[1] for listed in both.values() for case in listed
                      if case.startswith(f"{family}@") and not case.startswith(f"{family}@{newest}/")}
         assert schedules == {"gpipe", "1f1b"}, family
