@@ -12,6 +12,7 @@ clip_grad_norm_ (support/train_runs.py); the saved directory is read back with s
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -59,6 +60,11 @@ def train(name: str, tmp_path: Path, dtype: str) -> tuple[Path, Path, Path, Path
     out = run("partitioning.train", "--plan", plan, "--checkpoint", checkpoint, "--data", data, "--steps", STEPS,
               "--save", saved, "--dtype", dtype, "--verbose", *OPTIONS)
     assert f"step {STEPS}/{STEPS}: loss" in out, out
+    # the metrics file reads the GPU's own allocator: a CPU figure (process RSS) here would mean the wrong device
+    records = [json.loads(line) for line in (saved / "metrics.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in records] == list(range(1, STEPS + 1))
+    assert {record["memory"] for record in records} == {"CUDA peak allocated"}
+    assert all(used > 0 for record in records for used in record["peak_memory_bytes"])
     return checkpoint, plan, data, saved
 
 
