@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import shlex
 import sys
 import tempfile
@@ -43,6 +44,7 @@ from partitioning.train.stage import plan_model, settings_of
 from partitioning.train.text import write_examples
 
 PROG = "train-model"
+SPAN = ("--steps", "--epochs")  # how long a run trains: one of them
 RANK_MODULE = "partitioning.train.rank"
 
 
@@ -51,7 +53,7 @@ class Request:
     plan: Path
     checkpoint: Path | None
     data: Path | None
-    steps: int
+    steps: int | None  # None: --epochs, which the launcher turns into the steps the ranks get
     save: Path | None
     save_every: int | None
     resume: Path | None
@@ -82,6 +84,7 @@ class Request:
     verbose: bool = False
     config_file: Path | None = None  # the settings it held are in the fields above (the ranks never read it)
     echo_settings: Path | None = None  # a rank's: the launcher's settings_text of the run, for the saves
+    epochs: float | None = None  # instead of --steps: passes over the data
 
 
 def _betas(text: str) -> tuple[float, float]:
@@ -113,7 +116,11 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--text", type=nonempty_path,
                         help="instead of --data, for a causal LM: raw text, tokenized and packed into the plan's length")
     parser.add_argument("--tokenizer", type=nonempty_path, metavar="DIR", help="with --text: DIR/tokenizer.json")
-    parser.add_argument("--steps", type=positive_int, required=True, help="train until this step (in all)")
+    span = parser.add_mutually_exclusive_group(required=True)
+    span.add_argument("--steps", type=positive_int, help="train until this step (in all)")
+    span.add_argument("--epochs", type=positive_number, metavar="E",
+                      help="instead of --steps: E passes over the data (E x examples / examples a step, rounded up: "
+                           "the last step may take examples of the next pass)")
     parser.add_argument("--save", type=nonempty_path, help="write the checkpoint here (a HF model directory)")
     parser.add_argument("--save-every", type=positive_int, help="also save every N steps (default: at the end)")
     parser.add_argument("--save-total-limit", type=positive_int, metavar="K",
@@ -222,7 +229,11 @@ def parse(argv: list[str] | None) -> Request:
     first = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     first.add_argument("--config-file", type=nonempty_path)
     found, _ = first.parse_known_args(given)
-    args = parser().parse_args([*settings_argv(found.config_file), *given] if found.config_file else given)
+    stored = settings_argv(found.config_file) if found.config_file else []
+    if any(part.split("=")[0] in SPAN for part in given):  # the command line's span replaces the file's
+        stored = [part for index, part in enumerate(stored)
+                  if part not in SPAN and (index == 0 or stored[index - 1] not in SPAN)]
+    args = parser().parse_args([*stored, *given])
     if (args.checkpoint is None) == (args.resume is None):
         raise UserError("give --checkpoint DIR (start from a model) or --resume DIR (continue a run), one of them")
     if (args.data is None) == (args.text is None):
@@ -270,12 +281,6 @@ def _execute(request: Request, shown: Request) -> int:
     if request.data_parallel > 1 and splits_backward(schedule, stages, virtual, micro_batches):
         raise UserError(f"data parallelism runs schedules that do not split the backward: {schedule} does "
                         f"(re-plan with another schedule for --data-parallel)")
-    if request.resume is not None:
-        state = read_state(request.resume, stages)
-        if state["step"] >= request.steps:
-            raise UserError(f"--resume {request.resume} is at step {state['step']}: --steps {request.steps} "
-                            f"leaves nothing to do")
-        check_resumed(request, state, kept_settings(request, plan, micro_batches))
     source = Checkpoint(request.resume or request.checkpoint)  # type: ignore[arg-type]
     config, taken = checkpoint_config(config, source, family, class_name, request.config_from_checkpoint)
     if taken:
@@ -287,6 +292,18 @@ def _execute(request: Request, shown: Request) -> int:
     assert request.data is not None
     dataset = read_dataset(request.data, specs, config, micro_batch, micro_batch.batch * micro_batches)
     check_learnable(dataset, specs, family.definition.classes[class_name].causal_lm, request.data)
+    if request.epochs is not None:
+        request = replace(request, steps=epoch_steps(request.epochs, dataset.count,
+                                                     micro_batch.batch * micro_batches * request.data_parallel),
+                          epochs=None)
+    assert request.steps is not None
+    if request.resume is not None:
+        state = read_state(request.resume, stages)
+        if state["step"] >= request.steps:
+            span = f"--steps {request.steps}" if shown.epochs is None else f"--epochs {shown.epochs:g} " \
+                                                                            f"({request.steps} steps)"
+            raise UserError(f"--resume {request.resume} is at step {state['step']}: {span} leaves nothing to do")
+        check_resumed(request, state, kept_settings(request, plan, micro_batches))
     if request.save is not None:
         check_save_dir(request.save)
     ranks = stages * request.data_parallel
@@ -316,6 +333,19 @@ def _execute(request: Request, shown: Request) -> int:
             tidy(request.save)
         raise
     return 0
+
+
+def epoch_steps(epochs: float, examples: int, per_step: int) -> int:
+    """The steps ``epochs`` passes over ``examples`` take at ``per_step`` examples a step, said in one line: the
+    count is rounded up, so every example is seen ``epochs`` times and the last step may reach into the next pass
+    (a step's batch has the plan's fixed shape)."""
+    needed = math.ceil(epochs * examples - 1e-9)  # 1e-9: a whole count that float arithmetic put just above it
+    steps = max(1, math.ceil(needed / per_step))
+    over = steps * per_step - needed
+    beyond = f"; its last {over} examples come from the next pass" if over > 0 else ""
+    print(f"{PROG}: --epochs {epochs:g} of {examples} examples at {per_step} a step: {steps} steps{beyond}",
+          flush=True)
+    return steps
 
 
 # What a resumed run keeps of the run it continues, each with the flags that set it.

@@ -32,6 +32,9 @@ from partitioning.train.stage import StageModel, load_stage
 def train(request: Request, device: torch.device) -> StageModel:
     if request.data is None:  # train-model packs --text into a data file before it starts the ranks
         raise UserError("a rank reads --data FILE: start runs with train-model")
+    steps = request.steps
+    if steps is None:  # train-model turns --epochs into steps before it starts the ranks
+        raise UserError("a rank trains --steps N: start runs with train-model")
     plan = read_plan(request.plan)
     stages = len(set(plan.ranks))  # ranks per pipeline (a rank may run several of the plan's stages)
     replicas = request.data_parallel
@@ -48,7 +51,7 @@ def train(request: Request, device: torch.device) -> StageModel:
             if stage.rank == 0 else None)
     settings = OptimizerSettings(lr=request.lr, weight_decay=request.weight_decay, betas=request.betas,
                                  eps=request.eps, warmup=request.warmup_steps, decay=request.decay,
-                                 total=request.decay_steps or request.steps, decay_all=request.decay_all_parameters)
+                                 total=request.decay_steps or steps, decay_all=request.decay_all_parameters)
     exempt = exempt_from_decay(stage.meta.model, stage.meta.stock_name)  # stock names, read off the whole model
     optimizer, scheduler = make_optimizer(stage.module.named_parameters(),
                                           {name for name, stock in stage.names.items() if stock in exempt}, settings)
@@ -65,7 +68,7 @@ def train(request: Request, device: torch.device) -> StageModel:
     run_began = time.perf_counter()
     echoed = request.echo_settings.read_text(encoding="utf-8") if request.echo_settings else settings_text(request)
     try:
-        for step in range(start, request.steps):
+        for step in range(start, steps):
             began = time.perf_counter()
             batch = stage.shard(data.batch(step, size, request.seed)) if data is not None else None
             losses = stage.step(batch)
@@ -76,17 +79,17 @@ def train(request: Request, device: torch.device) -> StageModel:
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()
-            if done % request.log_every == 0 or done == request.steps:
+            if done % request.log_every == 0 or done == steps:
                 now = time.perf_counter()
-                eta = (now - run_began) / (done - start) * (request.steps - done)  # this run's mean step so far
+                eta = (now - run_began) / (done - start) * (steps - done)  # this run's mean step so far
                 report_step(stage, losses, metrics, {"step": done, "lr": lr, "grad_norm": norm, "tokens": tokens,
-                                                     "seconds": now - began, "eta": eta}, request.steps)
-            if request.save is not None and (done == request.steps or
+                                                     "seconds": now - began, "eta": eta}, steps)
+            if request.save is not None and (done == steps or
                                              (request.save_every is not None and done % request.save_every == 0)):
                 run_state = {"step": done, "examples_seen": done * size, "stages": stage.stages,
                              **kept_settings(request, plan, stage.micro_batches)}
                 limit = request.save_total_limit
-                kept = limit is not None and done != request.steps  # into a checkpoint-<step>/
+                kept = limit is not None and done != steps  # into a checkpoint-<step>/
                 target = checkpoint_dir(request.save, done) if kept else request.save
                 saving = time.perf_counter()
                 save(stage, target, training_state(optimizer, scheduler, names), run_state, stage.checkpoint,

@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 from test_train_model import save_checkpoint, write_data, write_plan
 
-from partitioning.train.cli import main, parse
+from partitioning.train.cli import epoch_steps, main, parse
 from partitioning.train.layout import SETTINGS
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A 2-stage T5 run of 1 step of a 2-step schedule, saved (one torchrun launch)."""
+    """A 2-stage T5 run of 1 step of a 2-step schedule, saved (one torchrun launch): half a pass over the 7
+    examples, 4 a step (2 micro-batches of 2), is --epochs 0.5, one step."""
     root = tmp_path_factory.mktemp("resume")
     cfg = save_checkpoint("t5", root / "t5")
     write_plan("t5", cfg, "encoder.block.1", "gpipe", root / "plan.json")
@@ -28,7 +29,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     write_data(root / "data.jsonl", root / "plan.json")
     out = root / "out"
     argv = ["--plan", str(root / "plan.json"), "--checkpoint", str(root / "t5"), "--data", str(root / "data.jsonl"),
-            "--steps", "1", "--decay-steps", "2", "--lr", "0.01", "--save", str(out)]
+            "--epochs", "0.5", "--decay-steps", "2", "--lr", "0.01", "--save", str(out)]
     assert main(argv) == 0
     (root / "argv.json").write_text(json.dumps(argv))
     return {"root": root, "plan": root / "plan.json", "data": root / "data.jsonl", "out": out}
@@ -65,3 +66,25 @@ def test_a_resume_that_would_change_the_run_is_refused(saved: dict[str, Path], c
     assert expected in err, err
     assert json.loads((saved["out"] / "train_state.json").read_text())["step"] == 1
     assert (saved["out"] / "train_state.json").read_text() == before
+
+
+def test_a_resume_past_its_epochs_is_refused(saved: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["--plan", str(saved["plan"]), "--resume", str(saved["out"]), "--data", str(saved["data"]),
+                 "--epochs", "0.5", "--decay-steps", "2", "--lr", "0.01"])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1, err
+    assert "is at step 1: --epochs 0.5 (1 steps) leaves nothing to do" in err, err
+    assert "train-model: --epochs 0.5 of 7 examples at 4 a step: 1 steps\n" in out, out
+
+
+@pytest.mark.parametrize("epochs,examples,per_step,steps,beyond", [
+    (1, 8, 4, 2, None), (2, 7, 4, 4, 2), (0.5, 7, 4, 1, None), (0.1, 7, 4, 1, 3), (3, 3, 2, 5, 1),
+    (0.3, 10, 1, 3, None),  # 0.3 x 10 is 3.0000000000000004 in floats: still 3 examples
+])
+def test_epochs_are_rounded_up_to_whole_steps(capsys: pytest.CaptureFixture[str], epochs: float, examples: int,
+                                              per_step: int, steps: int, beyond: int | None) -> None:
+    assert epoch_steps(epochs, examples, per_step) == steps
+    said = capsys.readouterr().out
+    assert said.startswith(f"train-model: --epochs {epochs:g} of {examples} examples at {per_step} a step: "
+                           f"{steps} steps"), said
+    assert (f"its last {beyond} examples come from the next pass" in said) == (beyond is not None), said

@@ -32,6 +32,17 @@ def test_the_command_line_overrides_the_file(tmp_path: Path) -> None:
     assert request.verbose and not request.decay_all_parameters and request.plan == Path("plan.json")
 
 
+def test_the_command_line_s_span_replaces_the_file_s(tmp_path: Path) -> None:
+    """--steps and --epochs exclude each other: either on the command line replaces the file's."""
+    settings = tmp_path / "run.toml"
+    settings.write_text('plan = "p.json"\ncheckpoint = "c"\ndata = "d"\nepochs = 2.5\n')
+    assert (parse(["--config-file", str(settings)]).epochs, parse(["--config-file", str(settings)]).steps) == (2.5, None)
+    request = parse(["--config-file", str(settings), "--steps", "5"])
+    assert (request.steps, request.epochs) == (5, None)
+    request = parse(["--config-file", str(settings), "--epochs=1"])
+    assert (request.steps, request.epochs) == (None, 1.0)
+
+
 @pytest.mark.parametrize("text,expected", [
     ("learning_rate = 0.1\n", "unknown setting 'learning_rate' (train-model has no --learning-rate)"),
     ("config-file = 'other.toml'\n", "unknown setting 'config-file'"),
@@ -40,6 +51,7 @@ def test_the_command_line_overrides_the_file(tmp_path: Path) -> None:
     ("[optimizer]\nlr = 0.1\n", "unknown setting 'optimizer' (train-model has no --optimizer)"),
     ("lr = \n", "--config-file"),
     ("steps = 'ten'\n", "argument --steps: expected an integer, got 'ten'"),
+    ("steps = 3\nepochs = 1\n", "argument --epochs: not allowed with argument --steps"),
 ])
 def test_a_bad_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expected: str) -> None:
     settings = tmp_path / "run.toml"
