@@ -16,6 +16,9 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
+
+from tqdm import tqdm
 
 from common.errors import UserError
 
@@ -58,6 +61,38 @@ def run_ranks(module: str, arguments: list[str], ranks: int, prog: str | None = 
 
 # The ranks' progress lines the launcher prints (the rest of their output is torchrun's, kept for a failure).
 RELAYED = ("step ", "saved step ", "loaded stage ")
+_STEP = re.compile(r"step (\d+)/(\d+): (.*)")
+_SHOWN = ("loss ", "lr ")  # what of a step line the bar shows beside its own rate and ETA
+
+
+class Progress:
+    """The relayed lines on the launcher's terminal: the step lines as one progress bar (tqdm: the step count,
+    the rate, the time to go; the last loss and lr beside it), every other line above it.  Where the output is
+    not a terminal (a file, a pipe, a CI log) every line is printed as it came, bar-free."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.terminal = stream.isatty()
+        self.bar: tqdm | None = None
+
+    def line(self, text: str) -> None:
+        found = _STEP.match(text) if self.terminal else None
+        if found is None:
+            if self.bar is not None:
+                self.bar.write(text, file=self.stream)
+            else:
+                print(text, file=self.stream, flush=True)
+            return
+        done, total = int(found[1]), int(found[2])
+        if self.bar is None:  # a resumed run's first line is its first step, not 1
+            self.bar = tqdm(total=total, initial=done - 1, file=self.stream, unit="step", dynamic_ncols=True)
+        self.bar.set_postfix_str(", ".join(part for part in found[3].split(", ") if part.startswith(_SHOWN)),
+                                 refresh=False)
+        self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _torchrun(command: list[str], env: dict[str, str], prog: str = TRAIN) -> None:
@@ -65,16 +100,18 @@ def _torchrun(command: list[str], env: dict[str, str], prog: str = TRAIN) -> Non
                              start_new_session=True, preexec_fn=_stop_with_parent(os.getpid()))
     tail: list[str] = []
     reported: list[str] = []  # a rank's own one-line error says more than torchrun's summary; the first is the cause
+    progress = Progress(sys.stdout)
     try:
         assert child.stdout is not None
         for line in child.stdout:
             if line.startswith(RELAYED):
-                print(line.rstrip(), flush=True)
+                progress.line(line.rstrip())
             if line.startswith(f"{prog} (rank ") and ": error: " in line:
                 reported.append(line.rstrip())
             tail = (tail + [line.rstrip()])[-200:]  # torchrun's summary: about 8 lines per failed rank
         child.wait()
     finally:
+        progress.close()
         if child.poll() is None:  # interrupted: stop torchrun and the ranks it started
             _stop(child)
         if child.stdout is not None:
