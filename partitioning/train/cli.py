@@ -281,6 +281,7 @@ def _execute(request: Request, shown: Request) -> int:
     if request.data_parallel > 1 and splits_backward(schedule, stages, virtual, micro_batches):
         raise UserError(f"data parallelism runs schedules that do not split the backward: {schedule} does "
                         f"(re-plan with another schedule for --data-parallel)")
+    state = read_state(request.resume, stages) if request.resume is not None else None  # a save of ours, first
     source = Checkpoint(request.resume or request.checkpoint)  # type: ignore[arg-type]
     config, taken = checkpoint_config(config, source, family, class_name, request.config_from_checkpoint)
     if taken:
@@ -297,8 +298,7 @@ def _execute(request: Request, shown: Request) -> int:
                                                      micro_batch.batch * micro_batches * request.data_parallel),
                           epochs=None)
     assert request.steps is not None
-    if request.resume is not None:
-        state = read_state(request.resume, stages)
+    if state is not None:
         if state["step"] >= request.steps:
             span = f"--steps {request.steps}" if shown.epochs is None else f"--epochs {shown.epochs:g} " \
                                                                             f"({request.steps} steps)"
