@@ -33,7 +33,7 @@ __all__ = [
     "forward_hooks", "forward_pre_hooks", "register_load_state_dict_pre_hook", "view_base", "storage_id", "op_schema",
     "autograd_sequence_nr", "foreach_norms", "ignore_in_data_parallel", "new_group",
     "annotate_split_points", "pipe_split_op", "stage_backward_weight", "drop_warmup_messages_to",
-    "p2p_helpers", "set_p2p_helpers", "action_parts",
+    "p2p_helpers", "set_p2p_helpers", "action_parts", "compiled_graph_module",
 ]
 
 # -- nn.Module's own tables ---------------------------------------------------------------------------
@@ -186,3 +186,11 @@ def action_parts(action: Any) -> list[tuple[int, str, int | None]]:
     """
     return [(part.stage_index, part.computation_type.value, part.microbatch_index)
             for part in action.sub_actions or (action,)]
+
+
+# -- torch.export's unflattened modules ----------------------------------------------------------------------
+def compiled_graph_module(module: nn.Module) -> torch.fx.GraphModule | None:
+    """The GraphModule an unflattened submodule (``torch.export.unflatten``'s ``InterpreterModule``, what the
+    engine's stage modules hold) runs its ``graph`` through when not interpreting it; None for other modules."""
+    found = vars(module).get("graph_module")
+    return found if isinstance(found, torch.fx.GraphModule) else None

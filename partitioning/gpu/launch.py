@@ -62,7 +62,7 @@ def run_ranks(module: str, arguments: list[str], ranks: int, prog: str | None = 
 # The ranks' progress lines the launcher prints (the rest of their output is torchrun's, kept for a failure).
 RELAYED = ("step ", "saved step ", "loaded stage ")
 _STEP = re.compile(r"step (\d+)/(\d+): (.*)")
-_SHOWN = ("loss ", "lr ")  # what of a step line the bar shows beside its own rate and ETA
+_SHOWN = ("loss ", "lr ", "eval loss ")  # what of a step line the bar shows beside its rate and ETA
 
 
 class Progress:

@@ -64,6 +64,7 @@ from common.errors import UserError
 from families.models import SharedWeight
 from partitioning.gpu.autocast import example_without_meta, move, on_meta, to_meta, under_autocast, without_data
 from partitioning.gpu.data_parallel import data_parallel
+from partitioning.gpu.eval_mode import evaluating, switchable
 from partitioning.gpu.recompute_graph import Recomputation, recompute_policy
 from partitioning.gpu.schedule_stages import (
     check_placement,
@@ -73,7 +74,13 @@ from partitioning.gpu.schedule_stages import (
     weight_only_senders,
 )
 from partitioning.gpu.shared_modules import copy_stateless_leaves
-from partitioning.gpu.stage_graphs import contiguous_boundaries, relay_along_chain, retarget_devices, sort_stage_inputs
+from partitioning.gpu.stage_graphs import (
+    contiguous_boundaries,
+    relay_along_chain,
+    retarget_devices,
+    sort_stage_inputs,
+    stage_routes,
+)
 from partitioning.gpu.tied import holders
 from partitioning.gpu.tied_sync import TiedWeights
 from partitioning.plan import Plan
@@ -82,6 +89,7 @@ from partitioning.solve.schedules import SINGLE, orders, streams
 from stateless.torch_internals import annotate_split_points, new_group
 
 _PREFIX = "model."
+_EVAL_TAG = 7  # evaluate()'s messages: a tag of their own, apart from the engine's
 
 
 class CarryInputs(nn.Module):
@@ -186,6 +194,7 @@ class PipelineRun:
             raise UserError(f"the engine made {pipe.num_stages} stages of a {chunk_count}-stage plan")
         relay_along_chain(pipe.split_gm)
         sort_stage_inputs(pipe.split_gm)
+        self.routes = stage_routes(pipe.split_gm)  # what evaluate() hands from chunk to chunk
         self.holding = holding = holders([pipe.get_stage_module(i) for i in range(chunk_count)])
         self.chunk_modules = [pipe.get_stage_module(c) for c in self.chunks]
         self.module = self.chunk_modules[0] if virtual == 1 else nn.ModuleList(self.chunk_modules)
@@ -198,6 +207,8 @@ class PipelineRun:
             contiguous_boundaries(module, copy=splits)
             if autocast is not None:
                 under_autocast(module, device.type, autocast)
+        # the random nodes evaluate() cannot run as eval mode would (none: evaluation is possible)
+        self.unswitchable = [found for module in self.chunk_modules for found in switchable(module)]
         self.chunk_stages = [pipe.build_stage(c, device, self.group) for c in self.chunks]
         for stage in self.chunk_stages:
             no_self_warmup(stage)
@@ -233,6 +244,52 @@ class PipelineRun:
         for link in self.recomputation.links:
             link.finish()
         self.sync_tied_gradients()
+        return losses
+
+    def check_evaluable(self) -> None:
+        """:meth:`evaluate` can run this rank's chunks as eval mode would (every random node a dropout)."""
+        if self.unswitchable:
+            raise UserError(f"evaluation would run in train mode: {', '.join(self.unswitchable[:3])} draws random "
+                            f"numbers eval mode would not (a layer drop: set its probability to 0)")
+
+    def evaluate(self, inputs: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Forward only, as in eval mode (no dropout, no autograd graph), of one batch of ``micro_batches``
+        micro-batches split as :meth:`step` splits them; the rank holding the last chunk returns each one's loss.
+
+        The engine's schedules keep a forward's state for its backward; here each micro-batch goes through the
+        chunks in order, each rank running its own and handing the outputs on (:attr:`routes`), so the
+        optimizer, the gradients and every random stream stay as the training steps leave them.
+        """
+        self.check_evaluable()
+        chunks = {chunk: module for chunk, module in zip(self.chunks, self.chunk_modules)}
+        split = ([value.tensor_split(self.micro_batches) for value in (inputs[n] for n in self.input_names)]
+                 if 0 in chunks and inputs is not None else [])
+        last, losses = len(self.routes) - 1, []
+        with evaluating():
+            for micro_batch in range(self.micro_batches):
+                held: tuple[torch.Tensor, ...] = ()
+                for chunk, route in enumerate(self.routes):
+                    if chunk not in chunks:
+                        continue
+                    if chunk == 0:
+                        args = [split[index][micro_batch] for _, index in route.sources]
+                    elif self.ranks_of[chunk - 1] == self.rank:
+                        args = [held[k] for _, k in route.sources]
+                    else:
+                        args = []
+                        for _, k in route.sources:
+                            shape, dtype = self.routes[chunk - 1].outputs[k]
+                            buffer = torch.empty(shape, dtype=dtype, device=self._placeholder.device)
+                            dist.recv(buffer, group=self.group, group_src=self.ranks_of[chunk - 1], tag=_EVAL_TAG)
+                            args.append(buffer)
+                    out = chunks[chunk](*args)
+                    held = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+                    if chunk == last:
+                        losses.append(held[0])
+                    elif self.ranks_of[chunk + 1] != self.rank:
+                        for _, k in self.routes[chunk + 1].sources:
+                            dist.send(held[k].contiguous(), group=self.group, group_dst=self.ranks_of[chunk + 1],
+                                      tag=_EVAL_TAG)
         return losses
 
     def sync_tied_gradients(self) -> None:

@@ -9,6 +9,7 @@ of its own stage.
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -189,3 +190,39 @@ def retarget_devices(stage_module: torch.nn.Module, device: torch.device) -> Non
             node.kwargs = torch.fx.node.map_aggregate(node.kwargs, retarget)
         if isinstance(module, torch.fx.GraphModule):
             module.recompile()
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a stage's inputs come from and what it sends: ``sources`` per input ``(-1, i)`` (the model's input
+    ``i``) or ``(stage, k)`` (that stage's output ``k``); ``outputs`` the shape and dtype of each output."""
+
+    sources: tuple[tuple[int, int], ...]
+    outputs: tuple[tuple[torch.Size, torch.dtype], ...]
+
+
+def stage_routes(split_gm: torch.fx.GraphModule) -> list[Route]:
+    """Every stage's :class:`Route`, read off the split graph after :func:`relay_along_chain` and
+    :func:`sort_stage_inputs` (so a stage after the first reads only its predecessor's outputs)."""
+    inputs = {node: index for index, node in enumerate(n for n in split_gm.graph.nodes if n.op == "placeholder")}
+    stages = [node for node in split_gm.graph.nodes if node.op == "call_module"]
+    order = {node: index for index, node in enumerate(stages)}
+    routes = []
+    for index, stage in enumerate(stages):
+        sources = []
+        for arg in stage.args:
+            if isinstance(arg, torch.fx.Node) and arg in inputs:
+                sources.append((-1, inputs[arg]))
+            elif isinstance(arg, torch.fx.Node) and arg.target is operator.getitem and arg.args[0] in order:
+                sources.append((order[arg.args[0]], int(arg.args[1])))  # type: ignore[arg-type]
+            elif isinstance(arg, torch.fx.Node) and arg in order:
+                sources.append((order[arg], 0))
+            else:
+                raise AssertionError(f"stage {index} reads {arg!r}, neither a model input nor a stage's output")
+        if index and any(source != index - 1 for source, _ in sources):
+            raise AssertionError(f"stage {index} reads {sources}: not only its predecessor's outputs (relay first)")
+        output = next(node for node in _stage(split_gm, stage).graph.nodes if node.op == "output").args[0]
+        values = output if isinstance(output, (tuple, list)) else (output,)
+        routes.append(Route(tuple(sources), tuple((value.meta["val"].shape, value.meta["val"].dtype)
+                                                  for value in values)))
+    return routes

@@ -27,6 +27,8 @@ import tomllib
 
 from common.cli import Parser, count, nonempty_path, positive_int, positive_number, run
 from common.errors import UserError
+from families.definition import BATCH, InputSpec
+from families.models import MicroBatch
 from partitioning.files import read_plan
 from partitioning.gpu.autocast import DTYPES
 from partitioning.gpu.launch import run_ranks, torchrun_command
@@ -35,7 +37,7 @@ from partitioning.gpu.schedule_stages import check_placement
 from partitioning.plan import Plan
 from partitioning.solve.costs import TIED_SUMS
 from partitioning.train.checkpoint import Checkpoint
-from partitioning.train.data import check_learnable, read_dataset
+from partitioning.train.data import check_learnable, is_label, read_dataset
 from partitioning.train.layout import SETTINGS
 from partitioning.train.model import build_meta, check_checkpoint, check_tied, checkpoint_config
 from partitioning.train.optim import DECAYS
@@ -85,6 +87,8 @@ class Request:
     config_file: Path | None = None  # the settings it held are in the fields above (the ranks never read it)
     echo_settings: Path | None = None  # a rank's: the launcher's settings_text of the run, for the saves
     epochs: float | None = None  # instead of --steps: passes over the data
+    eval_data: Path | None = None  # evaluated after the last step (and every eval_every steps)
+    eval_every: int | None = None
 
 
 def _betas(text: str) -> tuple[float, float]:
@@ -121,6 +125,9 @@ def parser() -> argparse.ArgumentParser:
     span.add_argument("--epochs", type=positive_number, metavar="E",
                       help="instead of --steps: E passes over the data (E x examples / examples a step, rounded up: "
                            "the last step may take examples of the next pass)")
+    parser.add_argument("--eval-data", type=nonempty_path, metavar="FILE",
+                        help="JSON Lines as --data: its mean loss, forward only in eval mode, after the last step")
+    parser.add_argument("--eval-every", type=positive_int, metavar="N", help="with --eval-data: also every N steps")
     parser.add_argument("--save", type=nonempty_path, help="write the checkpoint here (a HF model directory)")
     parser.add_argument("--save-every", type=positive_int, help="also save every N steps (default: at the end)")
     parser.add_argument("--save-total-limit", type=positive_int, metavar="K",
@@ -240,6 +247,8 @@ def parse(argv: list[str] | None) -> Request:
         raise UserError("give --data FILE (JSON Lines) or --text FILE --tokenizer DIR (raw text), one of them")
     if (args.text is None) != (args.tokenizer is None):
         raise UserError("--text FILE and --tokenizer DIR go together")
+    if args.eval_every is not None and args.eval_data is None:
+        raise UserError("--eval-every N evaluates --eval-data FILE: give it")
     if args.save_every is not None and args.save is None:
         raise UserError("--save-every needs --save DIR")
     if args.save_total_limit is not None and args.save_every is None:
@@ -293,6 +302,9 @@ def _execute(request: Request, shown: Request) -> int:
     assert request.data is not None
     dataset = read_dataset(request.data, specs, config, micro_batch, micro_batch.batch * micro_batches)
     check_learnable(dataset, specs, family.definition.classes[class_name].causal_lm, request.data)
+    if request.eval_data is not None:
+        check_eval_data(request.eval_data, specs, config, micro_batch, family.definition.classes[class_name].causal_lm,
+                        micro_batch.batch * micro_batches * request.data_parallel)
     if request.epochs is not None:
         request = replace(request, steps=epoch_steps(request.epochs, dataset.count,
                                                      micro_batch.batch * micro_batches * request.data_parallel),
@@ -333,6 +345,18 @@ def _execute(request: Request, shown: Request) -> int:
             tidy(request.save)
         raise
     return 0
+
+
+def check_eval_data(path: Path, specs: list[InputSpec], config: Any, micro_batch: MicroBatch, causal_lm: bool,
+                    per_round: int) -> None:
+    """The eval file is read as the data file is, and evaluation can weigh its micro-batches
+    (partitioning/train/evaluate.py pads the last round with examples whose labels are ignored)."""
+    dataset = read_dataset(path, specs, config, micro_batch, 1)
+    check_learnable(dataset, specs, causal_lm, path)
+    per_example = [spec.name for spec in specs if is_label(spec.name) and spec.shape == (BATCH,)]
+    if dataset.count % per_round and per_example and getattr(config, "num_labels", None) == 1:
+        raise UserError(f"--eval-data {path}: {dataset.count} examples do not fill rounds of {per_round}, and a "
+                        f"one-label (regression) head's loss cannot ignore padding: give a multiple of {per_round}")
 
 
 def epoch_steps(epochs: float, examples: int, per_step: int) -> int:

@@ -37,7 +37,7 @@ MAX_DATA_BYTES = 1 << 30
 IGNORED = -100  # the label the loss ignores (torch's CrossEntropyLoss ignore_index default)
 
 
-def _is_label(name: str) -> bool:
+def is_label(name: str) -> bool:
     return name.endswith("labels") or name.endswith("label")
 
 
@@ -113,13 +113,13 @@ def check_learnable(dataset: Dataset, specs: Sequence[InputSpec], causal_lm: boo
     example has nothing to predict)."""
     learnable = 0
     for spec in specs:
-        if not _is_label(spec.name) or spec.name not in dataset.tensors:
+        if not is_label(spec.name) or spec.name not in dataset.tensors:
             continue
         labels = dataset.tensors[spec.name]
         if labels.dim() > 1 and causal_lm:
             labels = labels[:, 1:]
         learnable += int((labels != IGNORED).sum())
-    if learnable == 0 and any(_is_label(spec.name) for spec in specs):
+    if learnable == 0 and any(is_label(spec.name) for spec in specs):
         shifted = ", or the first of its sequence, which the causal LM shifts away" if causal_lm else ""
         raise UserError(f"{path}: no example has a label to learn (every label is {IGNORED}{shifted}): the loss "
                         f"would be NaN at every step")
@@ -181,7 +181,7 @@ def _example(example: dict[str, Any], specs: Sequence[InputSpec], config: Any, m
         else:
             length = lengths.get(str(dims[0]), (None, limit))[1]
             given = [1 if spec.fill == "ones" else 0] * length
-        filler = IGNORED if _is_label(spec.name) else 0 if spec.fill in ("ones", "zeros") else pad
+        filler = IGNORED if is_label(spec.name) else 0 if spec.fill in ("ones", "zeros") else pad
         padded[spec.name] = torch.tensor(given + [filler] * (limit - len(given)), dtype=torch.long)
     return padded
 
@@ -190,7 +190,7 @@ def _check_range(spec: InputSpec, value: list[int] | None, config: Any, where: s
     if value is None or spec.fill != "randint":
         return
     high = _bound(spec.high, config)
-    ignored = IGNORED if _is_label(spec.name) else None
+    ignored = IGNORED if is_label(spec.name) else None
     bad = next((v for v in value if v != ignored and (v < 0 or (high is not None and v >= high))), None)
     if bad is not None:
         raise UserError(f"{where}: {spec.name} holds {bad}, outside [0, {high})"

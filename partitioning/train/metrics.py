@@ -6,6 +6,8 @@ and flushed at once, so that a killed run keeps every step it logged::
     {"step": 3, "loss": 2.71, "lr": 4.9e-05, "grad_norm": 1.3, "tokens_per_s": 5120.0, "seconds": 0.41,
      "peak_memory_bytes": [812000000, 790000000], "memory": "process peak RSS"}
 
+``eval_loss`` and ``eval_examples`` join the record of a step after which the run evaluated
+(``--eval-data``: partitioning/train/evaluate.py), TensorBoard's ``eval/loss``.
 ``grad_norm`` is the global norm before clipping (present with ``--clip-grad``, which computes it);
 ``peak_memory_bytes`` holds one entry per stage of the pipeline (CUDA's peak allocated bytes on a GPU, the
 process's peak resident set on CPU).  A resumed run's file starts with the history of the run it continues
@@ -74,7 +76,9 @@ class MetricsLog:
             self._file.flush()
         if self._writer is not None:
             for name, value in record.items():
-                if name != "step" and isinstance(value, (int, float)):
+                if name.startswith("eval_") and isinstance(value, (int, float)):
+                    self._writer.add_scalar(f"eval/{name.removeprefix('eval_')}", value, record["step"])
+                elif name != "step" and isinstance(value, (int, float)):
                     self._writer.add_scalar(f"train/{name}", value, record["step"])
                 elif name == "peak_memory_bytes":
                     for stage, used in enumerate(value):

@@ -21,6 +21,7 @@ from partitioning.files import read_plan
 from partitioning.gpu.train import device_for_rank
 from partitioning.train.cli import PROG, Request, kept_settings, parse, settings_text
 from partitioning.train.data import read_dataset
+from partitioning.train.evaluate import evaluate, rounds
 from partitioning.train.layout import METRICS
 from partitioning.train.memory import return_large_frees
 from partitioning.train.metrics import MetricsLog, peak_memory
@@ -49,6 +50,15 @@ def train(request: Request, device: torch.device) -> StageModel:
     size = stage.micro_batch.batch * stage.micro_batches * replicas  # a step's examples, all replicas together
     data = (read_dataset(request.data, stage.specs, stage.config, stage.micro_batch, size)
             if stage.rank == 0 else None)
+    eval_count, eval_batches = 0, None
+    if request.eval_data is not None:  # refused before the first step, not at the first evaluation
+        stage.run.check_evaluable()
+        eval_set = (read_dataset(request.eval_data, stage.specs, stage.config, stage.micro_batch, 1)
+                    if stage.rank == 0 else None)
+        shared = [eval_set.count if eval_set is not None else 0]
+        dist.broadcast_object_list(shared, src=0)  # the last stages weigh their losses by it
+        eval_count = shared[0]
+        eval_batches = rounds(eval_set, size) if eval_set is not None else None
     settings = OptimizerSettings(lr=request.lr, weight_decay=request.weight_decay, betas=request.betas,
                                  eps=request.eps, warmup=request.warmup_steps, decay=request.decay,
                                  total=request.decay_steps or steps, decay_all=request.decay_all_parameters)
@@ -79,11 +89,16 @@ def train(request: Request, device: torch.device) -> StageModel:
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()
-            if done % request.log_every == 0 or done == steps:
+            seconds = time.perf_counter() - began  # the step's, evaluation apart
+            evaluated = request.eval_data is not None and (
+                done == steps or (request.eval_every is not None and done % request.eval_every == 0))
+            eval_loss = evaluate(stage, eval_batches, eval_count) if evaluated else None
+            if done % request.log_every == 0 or done == steps or evaluated:
                 now = time.perf_counter()
                 eta = (now - run_began) / (done - start) * (steps - done)  # this run's mean step so far
                 report_step(stage, losses, metrics, {"step": done, "lr": lr, "grad_norm": norm, "tokens": tokens,
-                                                     "seconds": now - began, "eta": eta}, steps)
+                                                     "seconds": seconds, "eta": eta,
+                                                     "eval_loss": eval_loss, "eval_examples": eval_count}, steps)
             if request.save is not None and (done == steps or
                                              (request.save_every is not None and done % request.save_every == 0)):
                 run_state = {"step": done, "examples_seen": done * size, "stages": stage.stages,
@@ -120,14 +135,17 @@ def report_step(stage: StageModel, losses: list[torch.Tensor], metrics: MetricsL
         return
     loss, seconds = mean.item() / stage.replicas, step["seconds"]
     eta = "" if step["step"] == steps else f", {_duration(step['eta'])} to go"
+    evaluated = step["eval_loss"] is not None
+    shown = f", eval loss {step['eval_loss']:.4f}" if evaluated else ""
     print(f"step {step['step']}/{steps}: loss {loss:.4f}, {step['tokens'] / seconds:.0f} tokens/s, "
-          f"lr {step['lr']:.3g}{eta}", flush=True)
+          f"lr {step['lr']:.3g}{shown}{eta}", flush=True)
     if metrics is not None:
         norm = step["grad_norm"]
         metrics.log({"step": step["step"], "loss": loss, "lr": step["lr"],
                      **({"grad_norm": norm.item()} if norm is not None else {}),
                      "tokens_per_s": step["tokens"] / seconds, "seconds": seconds,
-                     "peak_memory_bytes": [used for used, _ in peaks], "memory": peak[1]})
+                     "peak_memory_bytes": [used for used, _ in peaks], "memory": peak[1],
+                     **({"eval_loss": step["eval_loss"], "eval_examples": step["eval_examples"]} if evaluated else {})})
 
 
 def _duration(seconds: float) -> str:

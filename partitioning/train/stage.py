@@ -108,6 +108,13 @@ class StageModel:
             inputs = {key: value.to(self.device) for key, value in inputs.items()}
         return self.run.step(inputs)
 
+    def evaluate(self, inputs: dict[str, torch.Tensor] | None) -> list[torch.Tensor]:
+        """Forward only, as in eval mode, of one batch of ``micro_batches`` micro-batches; the last stage gets the
+        losses (:meth:`partitioning.gpu.pipelining.PipelineRun.evaluate`)."""
+        if self.rank == 0 and inputs is not None:
+            inputs = {key: value.to(self.device) for key, value in inputs.items()}
+        return self.run.evaluate(inputs)
+
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """``torch.nn.utils.clip_grad_norm_`` over the whole model: same norm, same scaling, bit for bit.
 

@@ -304,3 +304,24 @@ def test_actions_as_parts() -> None:
     both = schedules._Action(0, kinds.OVERLAP_F_B, None, (forward, backward))
     assert internals.action_parts(both) == [(1, "F", 3), (0, "B", 2)]
     assert [kinds.BACKWARD_INPUT.value, kinds.BACKWARD_WEIGHT.value] == ["I", "W"]
+
+
+# -- torch.export's unflattened modules ----------------------------------------------------------------------
+def test_an_unflattened_submodule_runs_its_graph_through_graph_module() -> None:
+    """``InterpreterModule.graph_module``: the engine's stage modules hold unflattened submodules; a node their
+    ``graph`` points elsewhere runs once ``graph_module`` is recompiled (partitioning/gpu/eval_mode.py)."""
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2))
+    pipe = Pipe.from_tracing(model, (torch.ones(1, 2),))
+    stage = pipe.get_stage_module(0)
+    inner = [module for _, module in stage.named_modules() if internals.compiled_graph_module(module) is not None]
+    assert inner and internals.compiled_graph_module(nn.Linear(2, 2)) is None
+    owner = next(module for module in inner
+                 if any(node.target is torch.ops.aten.relu.default for node in module.graph.nodes))
+    compiled = internals.compiled_graph_module(owner)
+    assert compiled is not None
+    for node in owner.graph.nodes:
+        if node.target is torch.ops.aten.relu.default:
+            node.target = torch.ops.aten.neg.default
+    compiled.recompile()
+    x = torch.tensor([[1.0, -1.0]])
+    assert torch.equal(stage(x), model[2](-model[0](x)))
