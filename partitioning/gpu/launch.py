@@ -27,6 +27,7 @@ TRAIN = "partitioning.gpu.train"  # the module each rank runs; its errors start 
 _RANK = re.compile(r"\s*rank\s*: (\d+) \(local_rank")
 _EXITCODE = re.compile(r"\s*exitcode\s*: (-?\d+)(?: \(pid: (\d+)\))?")
 _CLOSING = re.compile(r"Sending process (\d+) closing signal")  # torchrun stopping a rank itself (its log)
+_REPORTED = re.compile(r".* \(rank (\d+)\): error: ")  # a rank's own one-line error
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _TRACEBACK = re.compile(r"\s*traceback\s*: (.*)")
 
@@ -141,13 +142,16 @@ def _cause(reported: list[str], tail: list[str]) -> str:
     """Why the run failed. A rank killed by a signal cannot say so itself, and the errors its peers then report
     ("connection closed by peer") are consequences: the killed rank is the cause. torchrun's summary lists every
     rank with its exit code (negative: a signal) and pid, also those it stopped itself after the first failure,
-    which its log names ("Sending process PID closing signal SIGTERM"): those are not a cause; a SIGTERM it did not
-    send is (someone stopped that rank), after any other signal."""
+    which its log names ("Sending process PID closing signal SIGTERM"): those are not a cause, whatever signal
+    ended them (a rank stopped while it tears its process group down may abort); a SIGTERM it did not send is
+    (someone stopped that rank), after any other signal.  Nor is the signal of a rank that had said its own error:
+    it had failed before it died."""
     ranks = [int(found[1]) for line in tail if (found := _RANK.match(line))]
     exits = [(int(found[1]), found[2]) for line in tail if (found := _EXITCODE.match(line))]
     closed = {found[1] for line in tail if (found := _CLOSING.search(line))}
+    said = {int(found[1]) for line in reported if (found := _REPORTED.match(line))}
     killed = sorted({(-code == signal.SIGTERM, rank, -code) for rank, (code, pid) in zip(ranks, exits, strict=False)
-                     if code < 0 and (-code != signal.SIGTERM or pid not in closed)})
+                     if code < 0 and pid not in closed and rank not in said})
     if killed:
         _, rank, signum = killed[0]
         try:

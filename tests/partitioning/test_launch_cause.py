@@ -44,4 +44,17 @@ def test_a_sigterm_torchrun_did_not_send_is_the_cause() -> None:
     lost = "train-model (rank 1): error: internal error: RuntimeError: [gloo] Read error: Connection reset by peer"
     assert _cause([lost], _summary({0: -15, 1: 2})) == "rank 0 was killed by signal 15 (SIGTERM)"
     # any other signal is the likelier cause
-    assert _cause([lost], _summary({0: -15, 1: -9})) == "rank 1 was killed by signal 9 (SIGKILL)"
+    assert _cause([], _summary({0: -15, 1: -9})) == "rank 1 was killed by signal 9 (SIGKILL)"
+
+
+def test_a_rank_torchrun_stopped_is_not_the_cause_whatever_signal_ended_it() -> None:
+    # both ranks stop on the same error; rank 0 exits first, torchrun stops rank 1, which aborts in its teardown
+    nan = "train-model (rank 0): error: step 1: the loss is NaN"
+    assert _cause([nan], [_closing(1), *_summary({0: 2, 1: -6})]) == nan
+
+
+def test_a_rank_that_said_its_error_before_a_signal_ended_it_is_its_own_cause() -> None:
+    said = "train-model (rank 1): error: step 1: the loss is NaN"
+    assert _cause([said], _summary({0: 2, 1: -6})) == said
+    # a rank that said nothing and was killed is still the cause over its peer's line
+    assert _cause([said], _summary({0: -9, 1: 2})) == "rank 0 was killed by signal 9 (SIGKILL)"
