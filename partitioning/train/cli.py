@@ -38,12 +38,12 @@ from partitioning.plan import Plan
 from partitioning.solve.costs import TIED_SUMS
 from partitioning.train.checkpoint import Checkpoint
 from partitioning.train.data import check_learnable, is_label, read_dataset
+from partitioning.train.inputs import Sources, examples_files
 from partitioning.train.layout import SETTINGS
 from partitioning.train.model import build_meta, check_checkpoint, check_tied, checkpoint_config
 from partitioning.train.optim import DECAYS
 from partitioning.train.save import check_save_dir, read_state, tidy
 from partitioning.train.stage import plan_model, settings_of
-from partitioning.train.text import write_examples
 
 PROG = "train-model"
 SPAN = ("--steps", "--epochs")  # how long a run trains: one of them
@@ -89,6 +89,17 @@ class Request:
     epochs: float | None = None  # instead of --steps: passes over the data
     eval_data: Path | None = None  # evaluated after the last step (and every eval_every steps)
     eval_every: int | None = None
+    dataset: Path | None = None  # a datasets dataset (save_to_disk directory, parquet, JSON Lines, CSV)
+    split: str | None = None
+    eval_dataset: Path | None = None
+    eval_split: str | None = None
+    text_column: str | None = None
+    text_pair_column: str | None = None
+    target_column: str | None = None
+    label_column: str | None = None
+
+    def sources(self) -> Sources:
+        return Sources(**{field.name: getattr(self, field.name) for field in fields(Sources)})
 
 
 def _betas(text: str) -> tuple[float, float]:
@@ -119,7 +130,17 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--data", type=nonempty_path, help="JSON Lines, one example per line")
     parser.add_argument("--text", type=nonempty_path,
                         help="instead of --data, for a causal LM: raw text, tokenized and packed into the plan's length")
-    parser.add_argument("--tokenizer", type=nonempty_path, metavar="DIR", help="with --text: DIR/tokenizer.json")
+    parser.add_argument("--dataset", type=nonempty_path, metavar="PATH",
+                        help="a datasets dataset: a save_to_disk directory, or a .parquet, .jsonl, .csv file")
+    parser.add_argument("--split", metavar="NAME", help="the --dataset directory's split to train (default train)")
+    parser.add_argument("--tokenizer", type=nonempty_path, metavar="DIR",
+                        help="DIR/tokenizer.json: --text's (required) and --dataset's text (default: the checkpoint's)")
+    parser.add_argument("--text-column", metavar="NAME",
+                        help="--dataset's text (default text; a token classifier's words: tokens)")
+    parser.add_argument("--text-pair-column", metavar="NAME", help="--dataset's second text (sentence pairs)")
+    parser.add_argument("--target-column", metavar="NAME", help="a seq2seq --dataset's target text (default target)")
+    parser.add_argument("--label-column", metavar="NAME",
+                        help="--dataset's labels (default label or labels; a token classifier's: ner_tags)")
     span = parser.add_mutually_exclusive_group(required=True)
     span.add_argument("--steps", type=positive_int, help="train until this step (in all)")
     span.add_argument("--epochs", type=positive_number, metavar="E",
@@ -127,7 +148,11 @@ def parser() -> argparse.ArgumentParser:
                            "the last step may take examples of the next pass)")
     parser.add_argument("--eval-data", type=nonempty_path, metavar="FILE",
                         help="JSON Lines as --data: its mean loss, forward only in eval mode, after the last step")
-    parser.add_argument("--eval-every", type=positive_int, metavar="N", help="with --eval-data: also every N steps")
+    parser.add_argument("--eval-dataset", type=nonempty_path, metavar="PATH",
+                        help="evaluate a datasets dataset, as --dataset reads it (its split: --eval-split)")
+    parser.add_argument("--eval-split", metavar="NAME",
+                        help="evaluate this split (of --eval-dataset, else of --dataset; default validation)")
+    parser.add_argument("--eval-every", type=positive_int, metavar="N", help="evaluate also every N steps")
     parser.add_argument("--save", type=nonempty_path, help="write the checkpoint here (a HF model directory)")
     parser.add_argument("--save-every", type=positive_int, help="also save every N steps (default: at the end)")
     parser.add_argument("--save-total-limit", type=positive_int, metavar="K",
@@ -243,12 +268,24 @@ def parse(argv: list[str] | None) -> Request:
     args = parser().parse_args([*stored, *given])
     if (args.checkpoint is None) == (args.resume is None):
         raise UserError("give --checkpoint DIR (start from a model) or --resume DIR (continue a run), one of them")
-    if (args.data is None) == (args.text is None):
-        raise UserError("give --data FILE (JSON Lines) or --text FILE --tokenizer DIR (raw text), one of them")
-    if (args.text is None) != (args.tokenizer is None):
+    if [args.data, args.text, args.dataset].count(None) != 2:
+        raise UserError("give --data FILE (JSON Lines), --text FILE --tokenizer DIR (raw text) or --dataset PATH, "
+                        "one of them")
+    if args.text is not None and args.tokenizer is None:
         raise UserError("--text FILE and --tokenizer DIR go together")
-    if args.eval_every is not None and args.eval_data is None:
-        raise UserError("--eval-every N evaluates --eval-data FILE: give it")
+    if args.tokenizer is not None and args.text is None and args.dataset is None and args.eval_dataset is None:
+        raise UserError("--tokenizer DIR tokenizes --text or --dataset: give one")
+    if args.split is not None and args.dataset is None:
+        raise UserError("--split NAME is a split of --dataset PATH: give it")
+    columns = [flag for flag in ("text_column", "text_pair_column", "target_column", "label_column")
+               if getattr(args, flag) is not None]
+    if columns and args.dataset is None and args.eval_dataset is None:
+        raise UserError(f"--{columns[0].replace('_', '-')} names a column of --dataset PATH: give it")
+    evaluated = args.eval_data is not None or args.eval_dataset is not None or args.eval_split is not None
+    if args.eval_data is not None and (args.eval_dataset is not None or args.eval_split is not None):
+        raise UserError("give --eval-data FILE or --eval-dataset/--eval-split, one of them")
+    if args.eval_every is not None and not evaluated:
+        raise UserError("--eval-every N evaluates --eval-data FILE, --eval-dataset PATH or --eval-split NAME: give one")
     if args.save_every is not None and args.save is None:
         raise UserError("--save-every needs --save DIR")
     if args.save_total_limit is not None and args.save_every is None:
@@ -264,18 +301,21 @@ def parse(argv: list[str] | None) -> Request:
 
 
 def execute(request: Request) -> int:
-    """Check everything, then start the ranks; ``--text`` is packed into a JSON Lines file for them first."""
-    if request.text is None:
+    """Check everything, then start the ranks; ``--text`` and ``--dataset`` are written as the JSON Lines
+    examples files they read first (partitioning/train/inputs.py)."""
+    sources = request.sources()
+    if not sources.converted:
         return _execute(request, request)
-    family, class_name, _, _, micro_batch = plan_model(read_plan(request.plan), request.models_dir)
+    family, class_name, _, specs, micro_batch = plan_model(read_plan(request.plan), request.models_dir)
     causal = family.definition.classes[class_name].causal_lm
     start = request.checkpoint or request.resume
-    assert start is not None and request.tokenizer is not None  # parse() demands one, and --tokenizer with --text
-    eos = Checkpoint(start).config.get("eos_token_id")  # the config trained is the checkpoint's
-    with tempfile.TemporaryDirectory(prefix="train-model-text.") as scratch:
-        data = Path(scratch) / "text.jsonl"
-        write_examples(request.text, request.tokenizer, causal, dict(micro_batch.lengths), data, class_name, eos)
-        return _execute(replace(request, data=data, text=None, tokenizer=None), request)
+    assert start is not None  # parse() demands one
+    config = Checkpoint(start).config  # the config trained is the checkpoint's
+    with tempfile.TemporaryDirectory(prefix="train-model-data.") as scratch:
+        data, eval_data = examples_files(sources, specs, causal, class_name, dict(micro_batch.lengths), config,
+                                         start, request.seed, Path(scratch))
+        converted: dict[str, Any] = {field.name: None for field in fields(Sources)}  # the ranks read the files
+        return _execute(replace(request, **{**converted, "data": data, "eval_data": eval_data}), request)
 
 
 def _execute(request: Request, shown: Request) -> int:
@@ -328,7 +368,7 @@ def _execute(request: Request, shown: Request) -> int:
         endpoint = request.rdzv_endpoint or "NODE0_HOST:29500"
         for node in range(request.nnodes):  # what each machine runs (the same paths on every machine)
             command = torchrun_command(RANK_MODULE, argv, per_node, request.nnodes, node, endpoint)
-            if shown.text is not None:  # each machine packs the text itself: it runs train-model
+            if shown.sources().converted:  # each machine converts its data itself: it runs train-model
                 command = [PROG, *to_argv(replace(shown, node_rank=node, rdzv_endpoint=endpoint, config_file=None))]
             print(" ".join(shlex.quote(part) for part in command))
         return 0

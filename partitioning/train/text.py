@@ -56,11 +56,16 @@ def load_tokenizer(directory: Path) -> Any:
     if not path.is_file():
         raise UserError(f"--tokenizer {directory} has no {TOKENIZER} (give the checkpoint's tokenizer directory)")
     try:
-        return tokenizers_module().Tokenizer.from_file(str(path))
+        tokenizer = tokenizers_module().Tokenizer.from_file(str(path))
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 (not JSON, or not a tokenizer)
         raise UserError(f"{path} is not a tokenizers file: {' '.join(str(exc).split())[:200]}") from None
+    # the file's own padding and truncation (a checkpoint's may set them) are not the plan's lengths: packing
+    # cuts the whole text, and a dataset's examples are truncated to the plan's lengths where they are read
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
 
 
 def _configured_eos(tokenizer_dir: Path) -> str | None:
@@ -95,16 +100,24 @@ def pack(text_path: Path, tokenizer_dir: Path, length: int, eos_token_id: Any = 
     lines = [line for line in read_text(text_path, "--text", MAX_TEXT_BYTES).splitlines() if line.strip()]
     if not lines:
         raise UserError(f"--text {text_path} holds no text")
+    return pack_lines(lines, tokenizer, tokenizer_dir, length, eos_token_id, f"--text {text_path}")
+
+
+def pack_lines(lines: list[str], tokenizer: Any, tokenizer_dir: Path, length: int, eos_token_id: Any,
+               source: str) -> list[list[int]]:
+    """``lines`` (each a document) packed into rows of ``length`` ids; ``source`` names them in messages."""
+    if not lines:
+        raise UserError(f"{source} holds no text")
     end, found = separator(tokenizer, tokenizer_dir, eos_token_id)
     delimited = tokenizer.encode(lines[0]).ids != tokenizer.encode(lines[0], add_special_tokens=False).ids
     if end is None and not delimited and len(lines) > 1:
-        print(f"train-model: warning: --text {text_path}: its lines are packed with no token between them ({found}): "
+        print(f"train-model: warning: {source}: its lines are packed with no token between them ({found}): "
               f"each document runs into the next", file=sys.stderr)
     ids: list[int] = []
     for index, encoding in enumerate(tokenizer.encode_batch(lines)):
         ids += ([end] if index and end is not None else []) + list(encoding.ids)
     if len(ids) < length:
-        raise UserError(f"--text {text_path} is {len(ids)} tokens long: less than one sequence of {length}")
+        raise UserError(f"{source} is {len(ids)} tokens long: less than one sequence of {length}")
     return [ids[start:start + length] for start in range(0, len(ids) - length + 1, length)]
 
 

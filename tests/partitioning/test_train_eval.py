@@ -34,12 +34,13 @@ def stock_eval_loss(directory: Path, plan: Path, data: Path, family: Any = FAMIL
     """Stock eval mode on the saved weights: micro-batches of the plan's size in the file's order, the last filled
     with the first example, its labels ignored; the losses weighted by the real examples each holds."""
     _, _, cfg, specs, micro_batch = plan_model(read_plan(plan))
-    tensors = read_dataset(data, specs, cfg, micro_batch, 1).tensors
+    read = read_dataset(data, specs, cfg, micro_batch, 1)
+    tensors = read.tensors
     model = train_runs.load_stock(family, directory).eval()
     total, weight = 0.0, 0
     with threads(1), torch.no_grad():
-        for start in range(0, EXAMPLES, PER_MICRO_BATCH):
-            real = min(PER_MICRO_BATCH, EXAMPLES - start)
+        for start in range(0, read.count, PER_MICRO_BATCH):
+            real = min(PER_MICRO_BATCH, read.count - start)
             batch = {name: tensor[start:start + real] for name, tensor in tensors.items()}
             if real < PER_MICRO_BATCH:
                 filler = {name: tensor[:1].clone() for name, tensor in tensors.items()}
