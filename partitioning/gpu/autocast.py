@@ -22,7 +22,7 @@ from torch import nn
 
 from stateless.torch_internals import own_buffers, own_parameters
 
-DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # fp16 with a loss scale: partitioning/train/loss_scale.py
 
 
 def on_meta(model: nn.Module) -> bool:

@@ -221,7 +221,10 @@ class PipelineRun:
             elif splits:
                 weight_groups_share_nodes(stage)
         cls = engine.get_schedule_class(schedule)
-        self.schedule = cls(self.stage if schedule in SINGLE else self.chunk_stages, micro_batches, loss_fn=model_loss)
+        # what the backward starts from: the loss, or the loss times a scale (fp16's, partitioning/train/loss_scale.py)
+        self.scale_loss: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self._losses: list[torch.Tensor] = []  # each micro-batch's loss as the model returned it, unscaled
+        self.schedule = cls(self.stage if schedule in SINGLE else self.chunk_stages, micro_batches, loss_fn=self._loss)
         # The engine splits a target per micro-batch for loss_fn; the loss needs none (the labels are inputs).
         self._placeholder = torch.zeros(micro_batches, device=device)
         self.tied_weights = TiedWeights(holding, self.chunks, self.chunk_modules, self.ranks_of, world, self.replicas,
@@ -237,14 +240,20 @@ class PipelineRun:
 
         The rank holding the last chunk returns each micro-batch's loss.
         """
-        losses: list[torch.Tensor] = []
+        self._losses = []
         args = tuple(inputs[name] for name in self.input_names) if 0 in self.chunks and inputs is not None else ()
-        self.schedule.step(*args, target=self._placeholder if self.last else None,
-                           losses=losses if self.last else None, return_outputs=False)
+        self.schedule.step(*args, target=self._placeholder if self.last else None, return_outputs=False)
         for link in self.recomputation.links:
             link.finish()
         self.sync_tied_gradients()
-        return losses
+        return self._losses
+
+    def _loss(self, output: torch.Tensor, placeholder: torch.Tensor) -> torch.Tensor:
+        """The schedule's ``loss_fn``: the model's loss, scaled where :attr:`scale_loss` says (the backward starts
+        from what it returns; :meth:`step` returns the losses as the model computed them)."""
+        loss = model_loss(output, placeholder)
+        self._losses.append(loss)
+        return loss if self.scale_loss is None else self.scale_loss(loss)
 
     def check_evaluable(self) -> None:
         """:meth:`evaluate` can run this rank's chunks as eval mode would (every random node a dropout)."""

@@ -1,4 +1,4 @@
-"""``train-model``: train a plan's stages from a stock checkpoint on a JSON Lines data file (or raw text).
+"""``train-model``: train a plan's stages from a stock checkpoint on a JSON Lines data file, raw text or a dataset.
 
     train-model --plan plan.json --checkpoint my-t5/ --data train.jsonl --steps 1000 --save out/ \\
         --lr 1e-4 --warmup-steps 100 --decay cosine --clip-grad 1.0 --save-every 200
@@ -40,6 +40,7 @@ from partitioning.train.checkpoint import Checkpoint
 from partitioning.train.data import check_learnable, is_label, read_dataset
 from partitioning.train.inputs import Sources, examples_files
 from partitioning.train.layout import SETTINGS
+from partitioning.train.loss_scale import INITIAL
 from partitioning.train.model import build_meta, check_checkpoint, check_tied, checkpoint_config
 from partitioning.train.optim import DECAYS
 from partitioning.train.save import check_save_dir, read_state, tidy
@@ -80,7 +81,7 @@ class Request:
     decay_all_parameters: bool = False
     save_total_limit: int | None = None  # keep this many --save-every checkpoints, as checkpoint-<step>/
     tensorboard: Path | None = None  # also write the metrics as TensorBoard scalars here
-    text: Path | None = None  # raw text for a causal LM, with the tokenizer directory
+    text: Path | None = None  # raw text for a causal LM
     tokenizer: Path | None = None
     config_from_checkpoint: bool = False  # config fields the plan has otherwise: the checkpoint's (with a warning)
     verbose: bool = False
@@ -97,6 +98,7 @@ class Request:
     text_pair_column: str | None = None
     target_column: str | None = None
     label_column: str | None = None
+    loss_scale: float = INITIAL  # --dtype fp16's initial loss scale
 
     def sources(self) -> Sources:
         return Sources(**{field.name: getattr(self, field.name) for field in fields(Sources)})
@@ -134,7 +136,8 @@ def parser() -> argparse.ArgumentParser:
                         help="a datasets dataset: a save_to_disk directory, or a .parquet, .jsonl, .csv file")
     parser.add_argument("--split", metavar="NAME", help="the --dataset directory's split to train (default train)")
     parser.add_argument("--tokenizer", type=nonempty_path, metavar="DIR",
-                        help="DIR/tokenizer.json: --text's (required) and --dataset's text (default: the checkpoint's)")
+                        help="DIR/tokenizer.json, what --text and --dataset's text are tokenized with (default: "
+                             "the checkpoint's directory)")
     parser.add_argument("--text-column", metavar="NAME",
                         help="--dataset's text (default text; a token classifier's words: tokens)")
     parser.add_argument("--text-pair-column", metavar="NAME", help="--dataset's second text (sentence pairs)")
@@ -184,8 +187,11 @@ def parser() -> argparse.ArgumentParser:
                              "'allreduce' adds each holder's accumulated gradient once a step (no extra memory; "
                              "equal up to float addition order) (default: the plan's, partition-model --tied-sum)")
     parser.add_argument("--dtype", choices=DTYPES, default="fp32",
-                        help="bf16: each stage's forward under torch.autocast (bfloat16) on its device, the "
-                             "weights, gradients and AdamW state fp32 (default fp32)")
+                        help="bf16, fp16: each stage's forward under torch.autocast on its device, the "
+                             "weights, gradients and AdamW state fp32; fp16 with a loss scale (default fp32)")
+    parser.add_argument("--loss-scale", type=positive_number, default=INITIAL, metavar="S",
+                        help=f"--dtype fp16's initial loss scale (default {INITIAL:g}, torch's GradScaler's): "
+                             f"halved at each overflow, which skips its step, doubled after 2000 clean steps")
     parser.add_argument("--nnodes", type=positive_int, default=1,
                         help="machines sharing the ranks; without --node-rank: print each machine's command")
     parser.add_argument("--node-rank", type=count, help="this machine's index (with --nnodes, --rdzv-endpoint)")
@@ -269,10 +275,8 @@ def parse(argv: list[str] | None) -> Request:
     if (args.checkpoint is None) == (args.resume is None):
         raise UserError("give --checkpoint DIR (start from a model) or --resume DIR (continue a run), one of them")
     if [args.data, args.text, args.dataset].count(None) != 2:
-        raise UserError("give --data FILE (JSON Lines), --text FILE --tokenizer DIR (raw text) or --dataset PATH, "
+        raise UserError("give --data FILE (JSON Lines), --text FILE (raw text) or --dataset PATH, "
                         "one of them")
-    if args.text is not None and args.tokenizer is None:
-        raise UserError("--text FILE and --tokenizer DIR go together")
     if args.tokenizer is not None and args.text is None and args.dataset is None and args.eval_dataset is None:
         raise UserError("--tokenizer DIR tokenizes --text or --dataset: give one")
     if args.split is not None and args.dataset is None:
@@ -286,6 +290,8 @@ def parse(argv: list[str] | None) -> Request:
         raise UserError("give --eval-data FILE or --eval-dataset/--eval-split, one of them")
     if args.eval_every is not None and not evaluated:
         raise UserError("--eval-every N evaluates --eval-data FILE, --eval-dataset PATH or --eval-split NAME: give one")
+    if args.loss_scale != INITIAL and args.dtype != "fp16":
+        raise UserError("--loss-scale S scales the loss of --dtype fp16: give it")
     if args.save_every is not None and args.save is None:
         raise UserError("--save-every needs --save DIR")
     if args.save_total_limit is not None and args.save_every is None:
@@ -450,7 +456,7 @@ def _shown(value: Any) -> str:
 def to_argv(request: Request) -> list[str]:
     """The command line that makes ``request`` again (what each rank parses)."""
     argv = []
-    defaults = {"verbose": False, "data_parallel": 1, "nnodes": 1, "dtype": "fp32"}
+    defaults = {"verbose": False, "data_parallel": 1, "nnodes": 1, "dtype": "fp32", "loss_scale": INITIAL}
     for key, value in vars(request).items():
         if value is None or defaults.get(key) == value or value is False:
             continue

@@ -49,7 +49,7 @@ import torch
 from common.errors import UserError
 from families.definition import BATCH, InputSpec
 from partitioning.train.data import IGNORED, is_label
-from partitioning.train.text import load_tokenizer, pack_lines
+from partitioning.train.text import TOKENIZER, load_tokenizer, pack_lines
 
 SUFFIXES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
 MASKED = 0.15  # the share of tokens a masked LM predicts (BERT's)
@@ -146,7 +146,7 @@ class Columns:
                             f"{self.class_name} reads {', '.join(needed)} (or pre-tokenized input_ids)")
         self._unused(columns, needed, flag)
         if tokenizer_dir is None:
-            raise UserError(f"{flag}'s text is tokenized with a tokenizer.json: give --tokenizer DIR (the "
+            raise UserError(f"{flag}'s text is tokenized with a {TOKENIZER}: give --tokenizer DIR (the "
                             f"checkpoint's directory has none)")
         tokenizer = load_tokenizer(tokenizer_dir)
         if self.kind == "causal-lm":

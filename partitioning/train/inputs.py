@@ -73,9 +73,12 @@ def examples_files(sources: Sources, specs: Any, causal_lm: bool, class_name: st
         count = write_examples(columns, split, tokenizer_dir(sources, start), shown, seed, written[name])
         print(f"train-model: {shown}: {count} examples ({columns.kind})", flush=True)
     if sources.text is not None:
-        assert sources.tokenizer is not None  # parse() demands it with --text
+        tokenizer = tokenizer_dir(sources, start)
+        if tokenizer is None:
+            raise UserError(f"--text FILE is tokenized with a {TOKENIZER}: give --tokenizer DIR (the checkpoint's "
+                            f"directory {start} has none)")
         written["train"] = scratch / "text.jsonl"
-        write_text_examples(sources.text, sources.tokenizer, causal_lm, lengths, written["train"], class_name,
+        write_text_examples(sources.text, tokenizer, causal_lm, lengths, written["train"], class_name,
                             config.get("eos_token_id"))
     data = written.get("train", sources.data)
     assert data is not None  # parse() demands one source

@@ -12,9 +12,10 @@ one's own with those functions follow the same learning rates.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,18 +89,25 @@ class PiecewiseAdamW(torch.optim.AdamW):
                 tensors.append(parameter)
         return tensors
 
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
+    @contextlib.contextmanager
+    def gradient_views(self) -> Iterator[None]:
+        """Each piece's ``grad`` a view of its parameter's gradient, while inside: what AdamW steps, and what
+        anything reading the optimizer's gradients (a GradScaler's unscale) sees."""
         for parameter, views in self.pieces:
             grads = parameter.grad.reshape(-1).split(views[0].numel()) if parameter.grad is not None else None
             for index, view in enumerate(views):
                 view.grad = grads[index] if grads is not None else None
         try:
-            return super().step(closure)
+            yield
         finally:
             for _, views in self.pieces:
                 for view in views:
                     view.grad = None
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        with self.gradient_views():
+            return super().step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none)

@@ -23,6 +23,7 @@ from partitioning.train.cli import PROG, Request, kept_settings, parse, settings
 from partitioning.train.data import read_dataset
 from partitioning.train.evaluate import evaluate, rounds
 from partitioning.train.layout import METRICS
+from partitioning.train.loss_scale import LossScale
 from partitioning.train.memory import return_large_frees
 from partitioning.train.metrics import MetricsLog, peak_memory
 from partitioning.train.optim import OptimizerSettings, exempt_from_decay, make_optimizer
@@ -66,10 +67,14 @@ def train(request: Request, device: torch.device) -> StageModel:
     optimizer, scheduler = make_optimizer(stage.module.named_parameters(),
                                           {name for name, stock in stage.names.items() if stock in exempt}, settings)
     names = list(stage.names.values())
+    loss_scale = LossScale(device, request.loss_scale) if request.dtype == "fp16" else None
+    if loss_scale is not None:
+        stage.run.scale_loss = loss_scale.scale
     start = 0
     if state is not None:
         assert request.resume is not None
-        restore(request.resume, stage.rank, optimizer, scheduler, names, stage.parameters(), stage.replica)
+        restore(request.resume, stage.rank, optimizer, scheduler, names, stage.parameters(), stage.replica,
+                loss_scale)
         start = state["step"]
     tokens = size * sum(stage.micro_batch.lengths.values())
     last = stage.run.last  # this rank holds the last stage: it gets the losses
@@ -83,11 +88,18 @@ def train(request: Request, device: torch.device) -> StageModel:
             batch = stage.shard(data.batch(step, size, request.seed)) if data is not None else None
             losses = stage.step(batch)
             done = step + 1
-            check_finite(stage, losses, done)
+            check_finite(stage, losses, done, gradients=loss_scale is None)  # fp16: an overflow skips the step
+            scale = loss_scale.value if loss_scale is not None else None
+            if loss_scale is not None:
+                loss_scale.unscale(optimizer)
             norm = stage.clip_grad_norm_(request.clip_grad) if request.clip_grad is not None else None
             lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            scheduler.step()
+            if loss_scale is not None:
+                skipped = not loss_scale.step(optimizer, scheduler)
+            else:
+                optimizer.step()
+                scheduler.step()
+                skipped = False
             optimizer.zero_grad()
             seconds = time.perf_counter() - began  # the step's, evaluation apart
             evaluated = request.eval_data is not None and (
@@ -97,8 +109,9 @@ def train(request: Request, device: torch.device) -> StageModel:
                 now = time.perf_counter()
                 eta = (now - run_began) / (done - start) * (steps - done)  # this run's mean step so far
                 report_step(stage, losses, metrics, {"step": done, "lr": lr, "grad_norm": norm, "tokens": tokens,
-                                                     "seconds": seconds, "eta": eta,
-                                                     "eval_loss": eval_loss, "eval_examples": eval_count}, steps)
+                                                     "seconds": seconds, "eta": eta, "loss_scale": scale,
+                                                     "skipped": skipped, "eval_loss": eval_loss,
+                                                     "eval_examples": eval_count}, steps)
             if request.save is not None and (done == steps or
                                              (request.save_every is not None and done % request.save_every == 0)):
                 run_state = {"step": done, "examples_seen": done * size, "stages": stage.stages,
@@ -107,7 +120,8 @@ def train(request: Request, device: torch.device) -> StageModel:
                 kept = limit is not None and done != steps  # into a checkpoint-<step>/
                 target = checkpoint_dir(request.save, done) if kept else request.save
                 saving = time.perf_counter()
-                save(stage, target, training_state(optimizer, scheduler, names), run_state, stage.checkpoint,
+                save(stage, target, training_state(optimizer, scheduler, names, loss_scale), run_state,
+                     stage.checkpoint,
                      echoed, metrics=request.save / METRICS if kept else None)
                 if limit is not None and kept and dist.get_rank() == 0:
                     prune(request.save, limit)
@@ -137,12 +151,16 @@ def report_step(stage: StageModel, losses: list[torch.Tensor], metrics: MetricsL
     eta = "" if step["step"] == steps else f", {_duration(step['eta'])} to go"
     evaluated = step["eval_loss"] is not None
     shown = f", eval loss {step['eval_loss']:.4f}" if evaluated else ""
+    if step["skipped"]:  # what the optimizer did not do is said where the step is
+        shown += f", skipped: the gradients overflowed at loss scale {step['loss_scale']:g} (now halved)"
     print(f"step {step['step']}/{steps}: loss {loss:.4f}, {step['tokens'] / seconds:.0f} tokens/s, "
           f"lr {step['lr']:.3g}{shown}{eta}", flush=True)
     if metrics is not None:
-        norm = step["grad_norm"]
+        norm = step["grad_norm"] if not step["skipped"] else None  # an overflowed norm is inf or NaN: no JSON
+        scaled = step["loss_scale"] is not None
         metrics.log({"step": step["step"], "loss": loss, "lr": step["lr"],
                      **({"grad_norm": norm.item()} if norm is not None else {}),
+                     **({"loss_scale": step["loss_scale"], "skipped": step["skipped"]} if scaled else {}),
                      "tokens_per_s": step["tokens"] / seconds, "seconds": seconds,
                      "peak_memory_bytes": [used for used, _ in peaks], "memory": peak[1],
                      **({"eval_loss": step["eval_loss"], "eval_examples": step["eval_examples"]} if evaluated else {})})
@@ -154,14 +172,15 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{rest:02d}s" if minutes else f"{rest}s"
 
 
-def check_finite(stage: StageModel, losses: list[torch.Tensor], done: int) -> None:
-    """Stop every rank of the run in one line when step ``done``'s loss or gradient norm is not finite: before its
-    optimizer step, so nothing of it is trained or saved (a collective over every rank; the last save stays)."""
+def check_finite(stage: StageModel, losses: list[torch.Tensor], done: int, gradients: bool = True) -> None:
+    """Stop every rank of the run in one line when step ``done``'s loss or (``gradients``) gradient norm is not
+    finite: before its optimizer step, so nothing of it is trained or saved (a collective over every rank; the
+    last save stays).  Under a loss scale an overflowed gradient is no error: that step is skipped."""
     bad = torch.zeros(4, device=stage.device)  # loss NaN, loss infinite, gradient norm NaN, gradient norm infinite
     if losses:
         values = torch.stack([value.detach().float() for value in losses])
         bad[0], bad[1] = values.isnan().any(), values.isinf().any()
-    grads = [p.grad for p in stage.parameters() if p.grad is not None]
+    grads = [p.grad for p in stage.parameters() if p.grad is not None] if gradients else []
     if grads:
         norms = torch.stack(torch._foreach_norm(grads, 2.0)).float()
         bad[2], bad[3] = norms.isnan().any(), norms.isinf().any()

@@ -38,6 +38,7 @@ from common.files import read_json_object
 from common.versions import Release
 from partitioning.train.checkpoint import BIN, CONFIG, SAFETENSORS, SAFETENSORS_INDEX, Checkpoint, write_safetensors
 from partitioning.train.layout import METRICS, OUTSIDE_COMMIT, SETTINGS, STATE
+from partitioning.train.loss_scale import LossScale
 from partitioning.train.metrics import history
 from partitioning.train.model import source_key
 from partitioning.train.stage import StageModel
@@ -299,11 +300,13 @@ def _commit(model: StageModel, directory: Path, parts: list[Any], staged: dict[P
     commit_staged(staged, directory, stale)
 
 
-def training_state(optimizer: torch.optim.Optimizer, scheduler: Any, names: list[str]) -> dict[str, Any]:
+def training_state(optimizer: torch.optim.Optimizer, scheduler: Any, names: list[str],
+                   loss_scale: LossScale | None = None) -> dict[str, Any]:
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["cuda"] = torch.cuda.get_rng_state()
-    return {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng, "names": names}
+    return {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng, "names": names,
+            **({"loss_scale": loss_scale.state_dict()} if loss_scale is not None else {})}
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -314,8 +317,9 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def restore(directory: Path, rank: int, optimizer: torch.optim.Optimizer, scheduler: Any, names: list[str],
-            parameters: list[torch.nn.Parameter], replica: int = 0) -> None:
-    """Continue from ``directory``: ``parameters`` (the stage's, named ``names``) and the optimizer's state."""
+            parameters: list[torch.nn.Parameter], replica: int = 0, loss_scale: LossScale | None = None) -> None:
+    """Continue from ``directory``: ``parameters`` (the stage's, named ``names``), the optimizer's state and, of
+    an fp16 run, its loss scale (a run saved without one starts from the initial scale)."""
     path = directory / stage_file(rank)
     state = _load(path)
     if state.get("names") != names:
@@ -337,6 +341,8 @@ def restore(directory: Path, rank: int, optimizer: torch.optim.Optimizer, schedu
             if name in masters:
                 parameter.copy_(masters[name])
     scheduler.load_state_dict(state["scheduler"])
+    if loss_scale is not None and "loss_scale" in state:
+        loss_scale.load_state_dict(state["loss_scale"])
     rng = state["rng"] if replica == 0 else _load(directory / replica_file(rank, replica))["rng"]
     torch.set_rng_state(rng["cpu"])
     if "cuda" in rng and torch.cuda.is_available():

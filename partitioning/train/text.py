@@ -1,6 +1,6 @@
-"""Raw text for a causal LM (``--text FILE --tokenizer DIR``): tokenized offline, packed into the plan's length.
+"""Raw text for a causal LM (``--text FILE``): tokenized with the checkpoint's tokenizer, packed to the plan's length.
 
-The checkpoint's ``tokenizer.json`` (``DIR/tokenizer.json``) is read with the
+The tokenizer's ``DIR/tokenizer.json`` (``--tokenizer DIR``, else the checkpoint's) is read with the
 ``tokenizers`` package.  Each non-empty line of the text is encoded on its own
 (with the special tokens the tokenizer's post-processor adds), the ids of all
 lines are concatenated in file order, with the end-of-text token between lines

@@ -32,6 +32,8 @@ from support.train_runs import (
     write_data,
 )
 
+from partitioning.train.loss_scale import INITIAL
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA device: run where a GPU is lent")
 MICRO_BATCHES = 4
 CHUNKS = 2 if tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 13) else 1
@@ -80,3 +82,13 @@ def test_bf16_autocast_equals_one_process(tmp_path: Path) -> None:
     expected = reference(FAMILIES["gpt2"], checkpoint, plan, data, STEPS, MICRO_BATCHES, bf16=True,
                          device=torch.device("cuda"))
     assert saved_differences(FAMILIES["gpt2"], saved, expected) == {}
+
+
+@pytest.mark.parametrize("name", ["gpt2", "t5"])
+def test_fp16_loss_scaling_equals_one_process(name: str, tmp_path: Path) -> None:
+    """fp16 autocast with the loss scale (FSDP's ShardedGradScaler over the NCCL group) against torch's GradScaler
+    in one process on the same GPU."""
+    checkpoint, plan, data, saved = train(name, tmp_path, "fp16")
+    expected = reference(FAMILIES[name], checkpoint, plan, data, STEPS, MICRO_BATCHES, fp16_scale=INITIAL,
+                         device=torch.device("cuda"))
+    assert saved_differences(FAMILIES[name], saved, expected) == {}

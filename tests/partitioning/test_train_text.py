@@ -99,14 +99,16 @@ def test_text_trains_gpt2_as_one_process_and_hostile_input(tmp_path: Path, capsy
     (tmp_path / "bare").mkdir()
     assert "no tokenizer.json" in refused("--text", str(text), "--tokenizer", str(tmp_path / "bare"))
     assert "holds no text" in refused("--text", str(tmp_path / "empty.txt"), "--tokenizer", str(tokenizer))
-    assert "go together" in refused("--text", str(text))
+    bare_checkpoint = tmp_path / "untokenized"  # the checkpoint without its tokenizer: --tokenizer is needed
+    save_checkpoint("gpt2", bare_checkpoint)
+    assert "give --tokenizer DIR (the checkpoint's directory" in refused("--text", str(text), "--checkpoint",
+                                                                        str(bare_checkpoint))
     assert "one of them" in refused("--text", str(text), "--tokenizer", str(tokenizer), "--data", str(text))
     t5 = tmp_path / "t5.json"
     write_plan("t5", save_checkpoint("t5", tmp_path / "t5"), "encoder.block.1", "gpipe", t5)
     assert "trains causal LMs" in refused("--text", str(text), "--tokenizer", str(tokenizer), "--plan", str(t5))
 
-    assert main([*base, "--text", str(text), "--tokenizer", str(tokenizer), "--save", str(tmp_path / "out"),
-                 *OPTIONS]) == 0
+    assert main([*base, "--text", str(text), "--save", str(tmp_path / "out"), *OPTIONS]) == 0  # its own tokenizer
     packed = tmp_path / "packed.jsonl"
     write_examples(text, tokenizer, True, {"sequence": TRAIN_SEQUENCE}, packed, "GPT2LMHeadModel")
     assert_saved_equals("gpt2", tmp_path / "out", reference("gpt2", checkpoint, plan, packed, 2))

@@ -202,13 +202,17 @@ def trainer_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str
 
 def reference(family: TrainFamily, checkpoint: Path, plan: Path, data: Path, steps: int,
               micro_batches: int = MICRO_BATCHES, bf16: bool = False, lr: float = LR,
-              device: torch.device = CPU) -> torch.nn.Module:
+              device: torch.device = CPU, fp16_scale: float | None = None, decay_steps: int | None = None,
+              skipped: list[bool] | None = None) -> torch.nn.Module:
     """``steps`` steps in one process: stock model, AdamW (HF Trainer's groups), transformers' cosine warm-up,
     clip_grad_norm_.
 
     A step is ``micro_batches`` micro-batches (all replicas' of a data-parallel run), their gradients averaged.
     ``bf16``: each forward under bf16 autocast, the backward outside it (fp32 weights and AdamW).
     ``lr``: the ranks' (OPTIONS); another one shows a comparison can fail.  ``device``: where it runs.
+    ``fp16_scale``: each forward under fp16 autocast, the loss scaled by torch's GradScaler from this initial scale,
+    its step and the schedule's skipped where the gradients overflow (HF Trainer's fp16); ``skipped`` gets
+    whether each step was.  ``decay_steps``: the schedule's span (default ``steps``).
     """
     from partitioning.files import read_plan
 
@@ -218,19 +222,32 @@ def reference(family: TrainFamily, checkpoint: Path, plan: Path, data: Path, ste
     with threads():
         model = load_stock(family, checkpoint).to(device).train()
         optimizer = torch.optim.AdamW(trainer_groups(model, 0.01), lr=lr)
-        scheduler = transformers.get_cosine_schedule_with_warmup(optimizer, 2, steps)
+        scheduler = transformers.get_cosine_schedule_with_warmup(optimizer, 2, decay_steps or steps)
+        scaler = torch.amp.GradScaler(device.type, init_scale=fp16_scale) if fp16_scale is not None else None
+        dtype = torch.float16 if scaler is not None else torch.bfloat16
         for step in range(steps):
             batch = {name: tensor.to(device) for name, tensor in dataset.batch(step, size, 0).items()}
             for chunk in range(micro_batches):
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                with torch.autocast(device.type, dtype=dtype, enabled=bf16 or scaler is not None):
                     loss = model(**{k: v.tensor_split(micro_batches)[chunk] for k, v in batch.items()}).loss
-                loss.backward()
+                (scaler.scale(loss) if scaler is not None else loss).backward()
             for p in model.parameters():
                 if p.grad is not None:
                     p.grad.div_(micro_batches)  # the schedule scales the summed gradients so
+            if scaler is not None:
+                scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
-            optimizer.step()
-            scheduler.step()
+            if scaler is None:
+                optimizer.step()
+                scheduler.step()
+            else:  # accelerate's test of a skipped step: the scale went down
+                before = scaler.get_scale()
+                scaler.step(optimizer)
+                scaler.update()
+                if scaler.get_scale() >= before:
+                    scheduler.step()
+                if skipped is not None:
+                    skipped.append(scaler.get_scale() < before)
             optimizer.zero_grad()
     return model
 
