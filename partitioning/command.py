@@ -24,6 +24,7 @@ from partitioning.gpu.module_to_device import module_to_device
 from partitioning.plan import Plan
 from partitioning.request import DEFAULT_BATCH, Request
 from partitioning.solve.partition import Settings, partition
+from partitioning.solve.plot import plan_png  # matplotlib itself only when a plot is asked for
 from partitioning.solve.report import format_plan
 from partitioning.target import Target
 
@@ -126,8 +127,6 @@ def _plan(request: Request, target: Target) -> tuple[Request, list[str], dict[Pa
               format_plan(plan)]
     files = {request.output: plan.to_json().encode()}
     if request.plot:
-        from partitioning.solve.plot import plan_png  # matplotlib is an optional extra
-
         files[request.plot] = plan_png(plan)
     if request.module_to_device:
         placement = json.dumps(module_to_device(plan, model=model), indent=2) + "\n"

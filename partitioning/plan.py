@@ -167,7 +167,7 @@ class Plan:
     @property
     def loads(self) -> tuple[float, ...]:
         """The stage costs from the largest down: the partitioner minimizes them lexicographically (the bottleneck
-        first, then the next-busiest stage...; :func:`partitioning.solve.partition.min_max_split`)."""
+        first, then the next-busiest stage...; :func:`partitioning.solve.split.min_max_split`)."""
         return tuple(sorted((stage.cost for stage in self.stages), reverse=True))
 
     @property

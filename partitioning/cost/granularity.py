@@ -11,7 +11,7 @@ optimal sub-layer plan is never worse; it is better where cutting inside a
 layer balances the stages more than the extra tensors crossing there cost.
 ``auto`` plans both and keeps the sub-layer plan only when its stage costs,
 sorted from the largest down, are lower (the bottleneck first: the
-partitioner's own order, :func:`partitioning.solve.partition.min_max_split`;
+partitioner's own order, :func:`partitioning.solve.split.min_max_split`;
 memory limits are checked on each chain's own estimate).
 """
 

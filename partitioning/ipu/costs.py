@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from partitioning.ipu.errors import IPUError
 from partitioning.plan import Plan, Stage
-from partitioning.solve.partition import Settings, min_max_split
+from partitioning.solve.costs import Settings
+from partitioning.solve.split import min_max_split
 
 
 @dataclass(frozen=True)

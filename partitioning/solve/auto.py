@@ -37,6 +37,7 @@ from partitioning.plan import Block, Plan, Value
 from partitioning.solve.chunks import balanced, plan_chunks, predict
 from partitioning.solve.costs import ChainCosts, Settings
 from partitioning.solve.schedules import SCHEDULES, SINGLE, V_SHAPED, check_runs
+from partitioning.solve.single import plan_single
 
 SEARCHED = 3  # multi-chunk candidates given the full cut search
 MAX_LOOPED_V = 4
@@ -111,8 +112,6 @@ def choose(blocks: Sequence[Block], ranks: int, settings: Settings, model: dict[
 
 def _choose(blocks: Sequence[Block], ranks: int, settings: Settings, model: dict[str, Any],
             values: Sequence[Value] = ()) -> Plan:
-    from partitioning.solve.partition import partition  # partition dispatches here
-
     plans: list[tuple[tuple[Any, ...], Plan]] = []
     drafts: list[tuple[tuple[Any, ...], Settings]] = []
     rows: list[dict[str, Any]] = []
@@ -123,7 +122,7 @@ def _choose(blocks: Sequence[Block], ranks: int, settings: Settings, model: dict
         try:
             check_runs(schedule, ranks, virtual, settings.micro_batches)
             if schedule in SINGLE:
-                plan = partition(blocks, ranks, each, model, values)
+                plan = plan_single(blocks, ranks, each, model, values)
                 plans.append(((plan.prediction["step_time"], order), plan))
                 row.update(_summary(plan.prediction, True))
                 continue

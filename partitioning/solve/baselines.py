@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 
 from common.errors import UserError
 from partitioning.plan import Block, block_layers, layer_of
-from partitioning.solve.partition import Segment, check_stage_count, min_max_split
+from partitioning.solve.split import Segment, check_stage_count, min_max_split
 
 
 def layer_starts(blocks: Sequence[Block], layer_lists: Sequence[str]) -> list[int]:

@@ -30,6 +30,7 @@ from partitioning.plan import Block, Plan, Value
 from partitioning.solve.costs import ChainCosts, Settings
 from partitioning.solve.schedules import SINGLE, chain_streams, check_runs, orders, placement, streams
 from partitioning.solve.simulate import ChunkCost, Timeline, simulate
+from partitioning.solve.split import build_plan, min_max_split
 
 Segment = tuple[int, int]
 
@@ -185,8 +186,6 @@ def search(costs: ChainCosts, ranks: int, start: Sequence[Segment]) -> Predictio
 
 def balanced(costs: ChainCosts, count: int) -> list[Segment]:
     """The exact split into ``count`` chunks with the least largest chunk cost (the search's start)."""
-    from partitioning.solve.partition import min_max_split
-
     def cost(stage: int, i: int, j: int) -> float:
         return costs.cost(i, j)
 
@@ -198,8 +197,6 @@ def balanced(costs: ChainCosts, count: int) -> list[Segment]:
 def plan_chunks(blocks: Sequence[Block], ranks: int, settings: Settings, model: dict[str, Any],
                 values: Sequence[Value] = ()) -> tuple[Plan, Prediction]:
     """The plan of a schedule running several chunks per rank: searched split, simulated (memory enforced)."""
-    from partitioning.solve.partition import build_plan  # partition dispatches to this module
-
     virtual = settings.virtual_stages or 1
     count = ranks * virtual
     if count > len(blocks):
