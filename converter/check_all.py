@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import UserError
-from converter import cli, installs
+from converter import convert_one, installs
 from converter.fetch import Fetcher
 from converter.recipes import Recipe, load_recipes
 from families import installed
@@ -120,8 +120,8 @@ def _sources(args: argparse.Namespace, recipe: Recipe) -> dict:
         for root in installed.install_roots(recipe.package, cache_dir):
             directory = installs.install_dir(args.version, root)
             if all((directory / member).is_file() for member in members):
-                return cli.gather_sources(argparse.Namespace(**{**vars(args), "source_dir": directory}), recipe)
-    return cli.gather_sources(args, recipe)
+                return convert_one.gather_sources(argparse.Namespace(**{**vars(args), "source_dir": directory}), recipe)
+    return convert_one.gather_sources(args, recipe)
 
 
 class _Collect(logging.Handler):
@@ -148,7 +148,7 @@ def _check(args: argparse.Namespace, package: Package, recipes: dict[str, Recipe
         namespace = _namespace(args, package)
         recipe = recipes[package.family]
         with contextlib.redirect_stdout(stdout):
-            code = cli.check(namespace, cli.convert(namespace, recipe, _sources(namespace, recipe)))
+            code = convert_one.check(namespace, convert_one.convert(namespace, recipe, _sources(namespace, recipe)))
         status = "ok" if code == 0 else "stale"
     except UserError as error:
         collect.records.append((logging.ERROR, f"{package.name}: error: {error}"))

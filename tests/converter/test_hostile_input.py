@@ -25,6 +25,7 @@ from conftest import SOURCE_CACHE, T5_MEMBER, T5_SOURCE, FakeIndex, release_memb
 from test_cli import assert_rejected, convert, one_error_line
 
 from common.atomic import is_temporary
+from converter import convert_one
 from converter.cli import main
 from converter.fetch import Fetcher
 from converter.recipes import get_recipe
@@ -185,12 +186,10 @@ def test_help_and_version_still_exit_0(capsys) -> None:
 
 def test_an_unexpected_exception_is_one_line_with_a_hint(tmp_path: Path, capsys, monkeypatch) -> None:
     """A bug anywhere in the conversion (here a fault injected into rendering) is one line, not a traceback."""
-    import converter.cli
-
     def broken(*_: object) -> None:
         raise RuntimeError("injected fault")
 
-    monkeypatch.setattr(converter.cli, "render", broken)
+    monkeypatch.setattr(convert_one, "render", broken)
     args = convert("--from", "cache", "--output-dir", str(tmp_path / "out"))
     assert main(args) == 2
     line = one_error_line(capsys)
