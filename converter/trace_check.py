@@ -33,6 +33,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from common.errors import UserError
+from families.definition import InputSpec
+from families.models import MicroBatch, accepted, make_inputs
+
 _ROWS = 2  # the micro-batch of the checks: tiny, every path of the stack
 
 
@@ -87,11 +93,6 @@ def wrong_release(package: str, version: str) -> str | None:
 
 def check(spec: dict[str, Any]) -> tuple[int, str]:
     """(exit code, one line): 0 when every check passes."""
-    import torch
-
-    from families.definition import InputSpec
-    from families.models import MicroBatch, accepted, make_inputs
-
     torch.set_num_threads(1)  # tiny models, beside other work on a shared machine
     problem = wrong_release(spec["package"], spec["version"])
     if problem is not None:
@@ -136,8 +137,6 @@ def check(spec: dict[str, Any]) -> tuple[int, str]:
 
 def _check_path(model: Any, inputs: dict[str, Any], expected: Any, compare: bool, where: str,
                 generated: Path) -> tuple[int, str]:
-    import torch
-
     if compare:
         try:
             actual = model(**inputs)
@@ -164,8 +163,6 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m converter.trace_check SPEC.json", file=sys.stderr)
         return 2
-    from common.errors import UserError
-
     try:
         code, line = check(json.loads(Path(args[0]).read_text(encoding="utf-8")))
     except UserError as exc:

@@ -44,10 +44,19 @@ sys.path.insert(0, str(ROOT))
 
 from common.atomic import write_atomic  # noqa: E402
 from families.family import ModelFamily  # noqa: E402
+from families.models import SharedWeight  # noqa: E402
 from partitioning.cost import granularity as grain  # noqa: E402
 from partitioning.cost.chain import family_chain  # noqa: E402
+from partitioning.files import read_plan  # noqa: E402
+from partitioning.gpu.pipelining import CarryInputs, model_loss, split_spec  # noqa: E402
+from partitioning.gpu.train import device_for_rank, rebuild  # noqa: E402
 from partitioning.solve.baselines import parameter_balanced_split  # noqa: E402
 from partitioning.solve.partition import Settings, build_plan  # noqa: E402
+from partitioning.train.cli import parse  # noqa: E402
+from partitioning.train.data import read_dataset  # noqa: E402
+from partitioning.train.memory import return_large_frees  # noqa: E402
+from partitioning.train.rank import train  # noqa: E402
+from partitioning.train.stage import settings_of  # noqa: E402
 
 SECTION = "## Training runtime (`scripts/bench_train.py`)"
 MB = 1 << 20
@@ -115,12 +124,6 @@ def baseline(plan_path: Path, data_path: Path, steps: int, device: torch.device)
     """torch pipelining on the plan's split, a hand-written loop, no tied sync: tokens/s per step."""
     from torch.distributed.pipelining import ScheduleGPipe, pipeline
 
-    from families.models import SharedWeight
-    from partitioning.files import read_plan
-    from partitioning.gpu.pipelining import CarryInputs, model_loss, split_spec
-    from partitioning.gpu.train import rebuild
-    from partitioning.train.data import read_dataset
-    from partitioning.train.stage import settings_of
 
     plan = read_plan(plan_path)
     micro_batches, _ = settings_of(plan)
@@ -157,10 +160,6 @@ def baseline(plan_path: Path, data_path: Path, steps: int, device: torch.device)
 
 
 def worker(job_path: str) -> None:
-    from partitioning.gpu.train import device_for_rank
-    from partitioning.train.cli import parse
-    from partitioning.train.memory import return_large_frees
-    from partitioning.train.rank import train
 
     job = json.loads(Path(job_path).read_text())
     return_large_frees()  # as a train-model rank does
