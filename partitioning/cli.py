@@ -21,8 +21,8 @@ from partitioning.cost import granularity as grain
 from partitioning.gpu.target import GPUTarget
 from partitioning.ipu.target import IPUTarget
 from partitioning.request import DEFAULT_BATCH, Request
-from partitioning.solve.costs import TIED_SUMS
-from partitioning.solve.schedules import AUTO, SCHEDULES, schedule_name
+from partitioning.schedules import AUTO, SCHEDULES, schedule_name
+from partitioning.settings import TIED_SUMS
 from partitioning.target import Target
 
 PROG = "partition-model"

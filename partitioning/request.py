@@ -30,7 +30,7 @@ class Request:
     batch: int | None
     lengths: Mapping[str, int]
     micro_batches: int
-    schedule: str  # lower case: a name of partitioning.solve.schedules.SCHEDULES, or "auto"
+    schedule: str  # lower case: a name of partitioning.schedules.SCHEDULES, or "auto"
     virtual_stages: int | None  # chunks per rank (None: the schedule's default)
     device_flops: float  # TFLOP/s
     bandwidth: float  # GB/s

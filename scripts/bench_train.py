@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from common.atomic import write_atomic  # noqa: E402
+from common.memory import return_large_frees  # noqa: E402
 from families.family import ModelFamily  # noqa: E402
 from families.models import SharedWeight  # noqa: E402
 from partitioning.cost import granularity as grain  # noqa: E402
@@ -54,7 +55,6 @@ from partitioning.solve.baselines import parameter_balanced_split  # noqa: E402
 from partitioning.solve.partition import Settings, build_plan  # noqa: E402
 from partitioning.train.cli import parse  # noqa: E402
 from partitioning.train.data import read_dataset  # noqa: E402
-from partitioning.train.memory import return_large_frees  # noqa: E402
 from partitioning.train.rank import train  # noqa: E402
 from partitioning.train.stage import settings_of  # noqa: E402
 

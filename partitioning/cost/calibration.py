@@ -49,7 +49,7 @@ from common.schema import FILE, Check, Count, NonNegative, OptionError, Positive
 from partitioning.cost import runtime
 from partitioning.cost.costing import Chain
 from partitioning.plan import Block, layer_of
-from partitioning.solve.partition import Settings
+from partitioning.settings import Settings
 
 FORMAT: Literal[1] = 1
 

@@ -26,7 +26,7 @@ plan and a generated model to it and covers what the engine does not do:
   stage that made it (:mod:`partitioning.gpu.gradient_return`);
 * a plan of K x V chunks (``settings.virtual_stages``) runs V chunks per
   rank where ``plan.placement`` puts them, which must be where the schedule
-  puts them (the engine's own mapping, :mod:`partitioning.solve.schedules`);
+  puts them (the engine's own mapping, :mod:`partitioning.schedules`);
   the schedule class is the engine's, by the plan's schedule name.  Zero-bubble
   schedules split a backward into its input-gradient part (I) and its
   weight-gradient part (W) with the engine's own ``stage_backward_input`` /
@@ -84,8 +84,8 @@ from partitioning.gpu.stage_graphs import (
 from partitioning.gpu.tied import holders
 from partitioning.gpu.tied_sync import TiedWeights
 from partitioning.plan import Plan
-from partitioning.solve.costs import TIED_SUMS
-from partitioning.solve.schedules import SINGLE, orders, streams
+from partitioning.schedules import SINGLE, orders, streams
+from partitioning.settings import TIED_SUMS
 from stateless.torch_internals import annotate_split_points, new_group
 
 _PREFIX = "model."

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from common.errors import UserError
 from partitioning.plan import Plan
-from partitioning.solve.schedules import SCHEDULES, check_runs, check_virtual_stages, placement
+from partitioning.schedules import SCHEDULES, check_runs, check_virtual_stages, placement
 from stateless.torch_internals import drop_warmup_messages_to, stage_backward_weight
 
 

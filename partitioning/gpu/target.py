@@ -15,7 +15,7 @@ from families.family import ModelFamily
 from partitioning.gpu.launch import launch
 from partitioning.plan import Plan
 from partitioning.request import DEFAULT_BATCH, Request
-from partitioning.solve.schedules import AUTO, check_runs, default_virtual_stages
+from partitioning.schedules import AUTO, check_runs, default_virtual_stages
 
 
 class GPUTarget:

@@ -30,9 +30,9 @@ Where the backward of a chunk is split (zero-bubble schedules: weight
 gradients computed late and out of order), runs micro-batches out of order
 (LoopedBFS runs them backwards) or where data-parallel replicas sum replica
 by replica (replica ``d``'s micro-batches come after all of replica
-``d - 1``'s), :func:`partitioning.solve.schedules.streams` says no and the sum runs when the schedule is
+``d - 1``'s), :func:`partitioning.schedules.streams` says no and the sum runs when the schedule is
 done (:func:`partitioning.gpu.tied.ordered_sum`); so does a weight whose chain
-of holders crosses a link twice (:func:`partitioning.solve.schedules.chain_streams`).
+of holders crosses a link twice (:func:`partitioning.schedules.chain_streams`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from partitioning.gpu.tied import Partial, TiedCopy, Total, check_forwards
-from partitioning.solve.schedules import SINGLE
+from partitioning.schedules import SINGLE
 
 
 class TiedStream:

@@ -16,7 +16,7 @@ from torch import nn
 from common.errors import UserError
 from partitioning.gpu.tied import TiedCopy, ordered_sum
 from partitioning.gpu.tied_stream import TiedStream, stream_backward
-from partitioning.solve.schedules import chain_streams
+from partitioning.schedules import chain_streams
 from stateless.torch_internals import new_group
 
 
@@ -25,8 +25,8 @@ class TiedWeights:
 
     ``chunks`` / ``modules``: this rank's chunks and their modules; ``ranks_of``: every chunk's rank in a
     replica of ``stages`` ranks.  Under ``tied_sum="ordered"`` every copy's uses are watched, and with
-    ``stream`` (:func:`partitioning.solve.schedules.streams`, and per weight
-    :func:`partitioning.solve.schedules.chain_streams`) summed as ``chunk_stages`` run their backwards.
+    ``stream`` (:func:`partitioning.schedules.streams`, and per weight
+    :func:`partitioning.schedules.chain_streams`) summed as ``chunk_stages`` run their backwards.
     """
 
     def __init__(self, holding: dict[str, tuple[int, ...]], chunks: Sequence[int], modules: Sequence[nn.Module],

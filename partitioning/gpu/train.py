@@ -30,8 +30,7 @@ from partitioning.files import read_plan
 from partitioning.gpu import timeline
 from partitioning.gpu.pipelining import PipelineRun
 from partitioning.plan import Plan
-from partitioning.solve.costs import TIED_SUMS
-from partitioning.solve.partition import Settings
+from partitioning.settings import TIED_SUMS, Settings
 
 PROG = "partitioning.gpu.train"  # partitioning.gpu.launch finds a rank's error by it
 

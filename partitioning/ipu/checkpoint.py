@@ -4,7 +4,7 @@
 directory: :func:`load_placed_model` builds the plan's model (its family,
 class and config, as ``train-model`` does) on ``meta``, checks the checkpoint
 against it (family, class, sizes, every key and shape), reads every tensor
-(:mod:`partitioning.train.model`: stock keys, a tied weight once, buffers the
+(:mod:`families.loading`: stock keys, a tied weight once, buffers the
 file lacks as built), puts it in the form the placement was made for
 (``--ipu-form``) and, given the generated module, calls its ``parallelize()``::
 
@@ -25,11 +25,11 @@ import torch
 from torch import nn
 
 from common.errors import UserError
+from families.checkpoint import Checkpoint
+from families.family import trained_model
+from families.loading import build_meta, check_checkpoint, materialize
 from partitioning.ipu.errors import require_poptorch
 from partitioning.plan import Plan
-from partitioning.train.checkpoint import Checkpoint
-from partitioning.train.model import build_meta, check_checkpoint, materialize
-from partitioning.train.stage import plan_model
 
 FORMS = ("stateless", "stateful")
 
@@ -38,7 +38,7 @@ def load_model(plan: Plan, checkpoint: Path, form: str = "stateless") -> nn.Modu
     """The plan's model in ``form`` (``--ipu-form``), every weight from the HF model directory ``checkpoint``."""
     if form not in FORMS:
         raise UserError(f"unknown form {form!r}; known: {', '.join(FORMS)}")
-    family, class_name, config, _, _ = plan_model(plan)
+    family, class_name, config, _, _ = trained_model(plan.model)
     source = Checkpoint(checkpoint)
     meta = build_meta(family, class_name, config)  # the stateless form (of a family with a shared weight)
     check_checkpoint(meta, source, family, class_name, config)

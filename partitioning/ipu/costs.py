@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from partitioning.ipu.errors import IPUError
 from partitioning.plan import Plan, Stage
-from partitioning.solve.costs import Settings
+from partitioning.settings import Settings
 from partitioning.solve.split import min_max_split
 
 

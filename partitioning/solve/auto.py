@@ -1,6 +1,6 @@
 """``--schedule auto``: the schedule and virtual stages with the least predicted step time under the memory limit.
 
-Every schedule the engine has (:data:`partitioning.solve.schedules.SCHEDULES`)
+Every schedule the engine has (:data:`partitioning.schedules.SCHEDULES`)
 is a candidate, with its virtual stages: 1 for one stage per rank, 2 for the
 V-shaped ones, 2 to 4 for the looped ones (as many as the blocks allow;
 ``--virtual-stages`` fixes V).  The one-stage schedules get their exact plan;
@@ -34,9 +34,10 @@ from typing import Any
 
 from common.errors import UserError
 from partitioning.plan import Block, Plan, Value
+from partitioning.schedules import SCHEDULES, SINGLE, V_SHAPED, check_runs
+from partitioning.settings import Settings
 from partitioning.solve.chunks import balanced, plan_chunks, predict
-from partitioning.solve.costs import ChainCosts, Settings
-from partitioning.solve.schedules import SCHEDULES, SINGLE, V_SHAPED, check_runs
+from partitioning.solve.costs import ChainCosts
 from partitioning.solve.single import plan_single
 
 SEARCHED = 3  # multi-chunk candidates given the full cut search

@@ -1,6 +1,6 @@
 """Splits for a schedule: the chain in K x V chunks placed as the schedule places them, costed by simulation.
 
-A schedule running V chunks per rank (:mod:`partitioning.solve.schedules`)
+A schedule running V chunks per rank (:mod:`partitioning.schedules`)
 does not have the one-stage-per-rank bottleneck as its step time: a rank's
 load is the sum of its chunks, placed in a loop (chunk ``j`` on rank
 ``j mod K``) or a V (rank ``r`` holds chunks ``r`` and ``2K - 1 - r``), and
@@ -27,8 +27,9 @@ from typing import Any
 
 from common.errors import UserError
 from partitioning.plan import Block, Plan, Value
-from partitioning.solve.costs import ChainCosts, Settings
-from partitioning.solve.schedules import SINGLE, chain_streams, check_runs, orders, placement, streams
+from partitioning.schedules import SINGLE, chain_streams, check_runs, orders, placement, streams
+from partitioning.settings import Settings
+from partitioning.solve.costs import ChainCosts
 from partitioning.solve.simulate import ChunkCost, Timeline, simulate
 from partitioning.solve.split import build_plan, min_max_split
 

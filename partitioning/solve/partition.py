@@ -27,10 +27,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from partitioning.plan import Block, Plan, Value
+from partitioning.schedules import AUTO, SCHEDULES, SINGLE
+from partitioning.settings import Settings
 from partitioning.solve.auto import choose
 from partitioning.solve.chunks import plan_chunks
-from partitioning.solve.costs import SCHEDULES, ChainCosts, Settings, choose_recomputed, recompute_seconds
-from partitioning.solve.schedules import AUTO, SINGLE
+from partitioning.solve.costs import ChainCosts, choose_recomputed, recompute_seconds
 from partitioning.solve.single import plan_single, size
 from partitioning.solve.split import Segment, build_plan, check_stage_count, min_max_split
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from partitioning.plan import Plan
-from partitioning.solve.schedules import SINGLE
+from partitioning.schedules import SINGLE
 
 
 def _blocks(names: tuple[str, ...]) -> str:

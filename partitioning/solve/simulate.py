@@ -1,7 +1,7 @@
 """Step time and peak activation memory of a pipeline schedule, simulated from per-chunk costs.
 
 Each rank runs its actions in the order the schedule gives it
-(:func:`partitioning.solve.schedules.orders`), one at a time, each as soon
+(:func:`partitioning.schedules.orders`), one at a time, each as soon
 as the rank is free and its inputs are there:
 
 * ``F`` of chunk ``c``, micro-batch ``m``: after ``F`` of chunk ``c - 1``
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from common.errors import UserError
-from partitioning.solve.schedules import Action
+from partitioning.schedules import Action
 
 
 @dataclass(frozen=True)

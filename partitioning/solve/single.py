@@ -9,8 +9,9 @@ from typing import Any
 
 from common.errors import UserError
 from partitioning.plan import Block, Plan, Value
+from partitioning.settings import Settings
 from partitioning.solve.chunks import finish, predict
-from partitioning.solve.costs import ChainCosts, Settings
+from partitioning.solve.costs import ChainCosts
 from partitioning.solve.split import build_plan, check_stage_count, min_max_split
 
 

@@ -14,7 +14,8 @@ from typing import Any
 
 from common.errors import UserError
 from partitioning.plan import Block, Plan, Stage, Value
-from partitioning.solve.costs import ChainCosts, Settings
+from partitioning.settings import Settings
+from partitioning.solve.costs import ChainCosts
 
 Segment = tuple[int, int]  # first and last block index, inclusive
 

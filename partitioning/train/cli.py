@@ -27,7 +27,9 @@ import tomllib
 
 from common.cli import Parser, count, nonempty_path, positive_int, positive_number, run
 from common.errors import UserError
+from families.checkpoint import Checkpoint
 from families.definition import BATCH, InputSpec
+from families.loading import build_meta, check_checkpoint, check_tied, checkpoint_config
 from families.models import MicroBatch
 from partitioning.files import read_plan
 from partitioning.gpu.autocast import DTYPES
@@ -35,13 +37,11 @@ from partitioning.gpu.launch import run_ranks, torchrun_command
 from partitioning.gpu.pipelining import splits_backward
 from partitioning.gpu.schedule_stages import check_placement
 from partitioning.plan import Plan
-from partitioning.solve.costs import TIED_SUMS
-from partitioning.train.checkpoint import Checkpoint
+from partitioning.settings import TIED_SUMS
 from partitioning.train.data import check_learnable, is_label, read_dataset
 from partitioning.train.inputs import Sources, examples_files
 from partitioning.train.layout import SETTINGS
 from partitioning.train.loss_scale import INITIAL
-from partitioning.train.model import build_meta, check_checkpoint, check_tied, checkpoint_config
 from partitioning.train.optim import DECAYS
 from partitioning.train.save import check_save_dir, read_state, tidy
 from partitioning.train.stage import plan_model, settings_of

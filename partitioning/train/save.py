@@ -36,11 +36,11 @@ from common.atomic import cannot_create_in, commit_staged, is_temporary, recover
 from common.errors import UserError
 from common.files import read_json_object
 from common.versions import Release
-from partitioning.train.checkpoint import BIN, CONFIG, SAFETENSORS, SAFETENSORS_INDEX, Checkpoint, write_safetensors
+from families.checkpoint import BIN, CONFIG, SAFETENSORS, SAFETENSORS_INDEX, Checkpoint, write_safetensors
+from families.loading import source_key
 from partitioning.train.layout import METRICS, OUTSIDE_COMMIT, SETTINGS, STATE
 from partitioning.train.loss_scale import LossScale
 from partitioning.train.metrics import history
-from partitioning.train.model import source_key
 from partitioning.train.stage import StageModel
 
 GENERATOR = "train-model"

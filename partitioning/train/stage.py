@@ -21,15 +21,15 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from common.errors import UserError
+from families.checkpoint import Checkpoint
 from families.definition import InputSpec
 from families.family import ModelFamily, trained_model
+from families.loading import MetaModel, build_meta, check_checkpoint, checkpoint_config, materialize
 from families.models import MicroBatch, make_inputs
 from partitioning.gpu.autocast import DTYPES
 from partitioning.gpu.pipelining import PipelineRun
 from partitioning.plan import Plan
-from partitioning.solve.partition import Settings
-from partitioning.train.checkpoint import Checkpoint
-from partitioning.train.model import MetaModel, build_meta, check_checkpoint, checkpoint_config, materialize
+from partitioning.settings import Settings
 from stateless.torch_internals import foreach_norms, new_group
 
 PREFIX = "model."  # the stage modules' names: PipelineRun wraps the model as ``model``
@@ -173,7 +173,7 @@ def load_stage(plan: Plan, checkpoint: Path, device: torch.device | None = None,
     ``tied_sum``: how the copies of a weight several stages hold get their gradient
     (:class:`partitioning.gpu.pipelining.PipelineRun`); ``dtype="bf16"``: forwards under bf16 autocast;
     ``config_from_checkpoint``: config fields the checkpoint has otherwise than the plan are taken from it
-    (:func:`partitioning.train.model.checkpoint_config`; without it they are refused).
+    (:func:`families.loading.checkpoint_config`; without it they are refused).
     """
     return StageModel(plan, Checkpoint(checkpoint), device=device, micro_batches=micro_batches,
                       data_parallel=data_parallel, models_dir=models_dir, tied_sum=tied_sum, dtype=dtype,

@@ -35,7 +35,7 @@ def late_imports(source: str) -> list[tuple[int, str]]:
         for node in ast.walk(function):
             names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
-            found += [(node.lineno, name) for name in names if name.split(".")[0] in OURS]
+            found += [(getattr(node, "lineno", 0), name) for name in names if name.split(".")[0] in OURS]
     return found
 
 
@@ -52,3 +52,22 @@ def test_the_late_import_check_can_fail() -> None:
     assert late_imports("def f():\n    from partitioning.plan import Plan\n") == [(2, "partitioning.plan")]
     assert late_imports("def f():\n    import torch\n") == []
     assert late_imports("from common.errors import UserError\n") == []
+
+
+def imported(path: Path) -> set[str]:
+    """Every module ``path`` imports (absolute imports; ours are all absolute)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names} | {
+        node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module and not node.level}
+
+
+@pytest.mark.parametrize(("runtime", "planner"), [("gpu", "solve"), ("train", "solve"), ("cost", "solve"),
+                                                   ("ipu", "train")])
+def test_the_runtime_reads_the_plans_contract_not_the_solver(runtime: str, planner: str) -> None:
+    """What a run needs of a plan (its settings, the schedules' actions) sits on partitioning's floor
+    (partitioning/settings.py, partitioning/schedules.py), which the solver reads too."""
+    modules = sorted((REPO / "partitioning" / runtime).rglob("*.py"))
+    assert modules
+    above = [f"{path.relative_to(REPO)} imports {name}" for path in modules for name in sorted(imported(path))
+             if name.startswith(f"partitioning.{planner}.") or name == f"partitioning.{planner}"]
+    assert above == [], above

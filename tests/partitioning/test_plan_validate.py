@@ -25,7 +25,7 @@ from families.family import ModelFamily
 from partitioning import cli
 from partitioning.gpu import launch
 from partitioning.plan import Block
-from partitioning.solve.costs import Settings
+from partitioning.settings import Settings
 from partitioning.solve.partition import partition
 
 REPO = Path(__file__).resolve().parents[2]

@@ -20,12 +20,13 @@ from common.errors import UserError
 from partitioning.cost.calibration import Calibration
 from partitioning.cost.runtime import update_rate
 from partitioning.plan import Block
+from partitioning.schedules import orders
+from partitioning.settings import Settings
 from partitioning.solve.auto import micro_batch_counts
 from partitioning.solve.chunks import after_last_action, predict
-from partitioning.solve.costs import ChainCosts, Settings
+from partitioning.solve.costs import ChainCosts
 from partitioning.solve.partition import partition
 from partitioning.solve.report import format_plan
-from partitioning.solve.schedules import orders
 from partitioning.solve.simulate import ChunkCost, simulate
 
 MODEL = {"micro_batch": {"batch": 4, "lengths": {"seq": 8}}}

@@ -10,11 +10,12 @@ from support.t5_models import config
 from common.errors import UserError
 from partitioning.cli import main
 from partitioning.plan import Block, Plan
+from partitioning.schedules import SCHEDULES, placement, schedule_name
+from partitioning.settings import Settings
 from partitioning.solve.chunks import predict, search
-from partitioning.solve.costs import ChainCosts, Settings
+from partitioning.solve.costs import ChainCosts
 from partitioning.solve.partition import min_max_split, partition
 from partitioning.solve.report import format_plan
-from partitioning.solve.schedules import SCHEDULES, placement, schedule_name
 
 
 def chain(flops: list[float], activation: int = 0) -> list[Block]:

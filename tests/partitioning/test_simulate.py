@@ -21,8 +21,8 @@ from __future__ import annotations
 import pytest
 
 from common.errors import UserError
-from partitioning.solve import schedules
-from partitioning.solve.schedules import Action, orders, placement
+from partitioning import schedules
+from partitioning.schedules import Action, orders, placement
 from partitioning.solve.simulate import ChunkCost, duration, simulate
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from torch.distributed.pipelining import Pipe
 
 from families.family import ModelFamily
+from families.loading import build_meta
 from families.models import make_inputs
 from partitioning.cost import granularity as grain
 from partitioning.cost.chain import family_chain
@@ -18,7 +19,6 @@ from partitioning.gpu.pipelining import CarryInputs, split_spec
 from partitioning.gpu.recompute_graph import Recomputation, recompute_policy
 from partitioning.gpu.stage_graphs import relay_along_chain
 from partitioning.solve.partition import Settings, build_plan
-from partitioning.train.model import build_meta
 from partitioning.train.stage import plan_model
 from stateless.torch_internals import annotate_split_points
 

@@ -2,7 +2,7 @@
 
 One torchrun launch (tiny tied T5, 2 gloo ranks, 3 micro-batches, 2 steps).  The timeline must hold, per
 rank and step: one forward and one backward per micro-batch of the rank's chunk, in the order the simulator
-runs them (:func:`partitioning.solve.schedules.orders`: the timeline is the schedule that runs); a wait for
+runs them (:func:`partitioning.schedules.orders`: the timeline is the schedule that runs); a wait for
 every received activation (rank 1) and gradient (rank 0); the tied-gradient sum; the optimizer step; and
 every span inside its step.  The breakdown then counts each second of a step once.  A second launch
 (one step) records the ``--tied-sum allreduce`` sum as the same span.
@@ -19,7 +19,7 @@ from support.model_families import FAMILIES
 from partitioning.cli import main
 from partitioning.gpu.launch import launch
 from partitioning.gpu.timeline import COMPUTE, breakdown
-from partitioning.solve.schedules import orders
+from partitioning.schedules import orders
 
 MICRO_BATCHES, STEPS = 3, 2
 

@@ -30,8 +30,8 @@ from test_train_model import (
 
 from families.models import MicroBatch
 from partitioning.cost.chain import family_chain
+from partitioning.schedules import placement
 from partitioning.solve.partition import Settings, build_plan
-from partitioning.solve.schedules import placement
 
 MICRO_BATCHES = 4
 SPLIT = ["transformer.h.1", "transformer.h.2", "lm_head"]  # the first blocks of chunks 1..3

@@ -14,7 +14,7 @@ import torch
 from test_train_model import save_checkpoint, write_data, write_plan
 
 from common.errors import UserError
-from partitioning.train.checkpoint import Checkpoint
+from families.checkpoint import Checkpoint
 from partitioning.train.cli import main
 
 

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the supp
 from families.models import MicroBatch, SharedWeight  # noqa: E402
 from partitioning.cost.chain import family_chain  # noqa: E402
 from partitioning.gpu.pipelining import PipelineRun  # noqa: E402
+from partitioning.schedules import placement  # noqa: E402
 from partitioning.solve.partition import Settings, build_plan, partition  # noqa: E402
-from partitioning.solve.schedules import placement  # noqa: E402
 from support.model_checks import Family  # noqa: E402
 from support.train_runs import without_dropout  # noqa: E402
 

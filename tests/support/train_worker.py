@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from families.loading import source_key
 from partitioning.train.cli import parse
-from partitioning.train.model import source_key
 from partitioning.train.rank import train
 
 

@@ -22,11 +22,11 @@ import torch
 from torch import nn
 
 from common.errors import UserError
+from common.memory import release_freed_memory
+from families.checkpoint import CONFIG, Checkpoint, describe_shape
 from families.family import ModelFamily
 from families.models import SharedWeight
 from families.shapes import check_rope_fields, make_config
-from partitioning.train.checkpoint import CONFIG, Checkpoint, describe_shape
-from partitioning.train.memory import release_freed_memory
 from stateless.torch_internals import own_buffers, own_parameters
 
 
