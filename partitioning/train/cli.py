@@ -286,6 +286,8 @@ def parse(argv: list[str] | None) -> Request:
     if columns and args.dataset is None and args.eval_dataset is None:
         raise UserError(f"--{columns[0].replace('_', '-')} names a column of --dataset PATH: give it")
     evaluated = args.eval_data is not None or args.eval_dataset is not None or args.eval_split is not None
+    if args.eval_split is not None and args.dataset is None and args.eval_dataset is None:
+        raise UserError("--eval-split NAME is a split of --dataset PATH or --eval-dataset PATH: give one")
     if args.eval_data is not None and (args.eval_dataset is not None or args.eval_split is not None):
         raise UserError("give --eval-data FILE or --eval-dataset/--eval-split, one of them")
     if args.eval_every is not None and not evaluated:

@@ -39,6 +39,7 @@ not use is named in a warning.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -63,6 +64,7 @@ def datasets_module() -> Any:
     except ImportError:
         raise UserError("--dataset needs the datasets package: pip install datasets") from None
     datasets.disable_progress_bars()  # the launcher's lines are the run's
+    datasets.utils.logging.set_verbosity(logging.CRITICAL)  # a failure is our one line, not its log's too
     return datasets
 
 
@@ -93,7 +95,10 @@ def load_split(path: Path, split: str | None, flag: str, default: str, cache: Pa
     try:
         return datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=str(cache)), None
     except Exception as exc:  # noqa: BLE001 (pyarrow's and datasets' parse errors have no common base)
-        raise UserError(f"{flag} {path} is not readable as {builder}: {' '.join(str(exc).split())[:200]}") from None
+        root = exc
+        while root.__cause__ is not None or root.__context__ is not None:  # datasets wraps the parser's error
+            root = root.__cause__ or root.__context__  # type: ignore[assignment]
+        raise UserError(f"{flag} {path} is not readable as {builder}: {' '.join(str(root).split())[:200]}") from None
 
 
 class Columns:
@@ -131,7 +136,12 @@ class Columns:
         if "input_ids" in columns:
             used = [name for name in columns if name in self.by_name]
             self._unused(columns, used, flag)
-            for row in split.select_columns(used):
+            for number, row in enumerate(split.select_columns(used)):
+                for name, value in row.items():
+                    if not _ids(value) and value is not None:
+                        raise UserError(f"{flag} row {number}: {name} must be a list of integers or an integer, not "
+                                        f"{json.dumps(value, default=str)[:40]} (a CSV column holds text: give token "
+                                        f"ids as Parquet, JSON Lines or a saved dataset)")
                 yield row
             return
         if self.kind == "pre-tokenized":
@@ -269,6 +279,13 @@ class Columns:
         drawn = torch.randint(vocab, (len(ids),), generator=generator)
         ids = torch.where(replaced, mask, torch.where(randomized, drawn, ids))
         return ids.tolist(), labels.tolist()
+
+
+def _ids(value: Any) -> bool:
+    """An integer, or a list of integers: what a pre-tokenized column holds."""
+    def whole(item: Any) -> bool:
+        return isinstance(item, int) and not isinstance(item, bool)
+    return whole(value) or isinstance(value, list) and all(whole(item) for item in value)
 
 
 def _text(value: Any, column: str, where: str) -> str:

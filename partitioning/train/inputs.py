@@ -41,7 +41,7 @@ class Sources:
     @property
     def converted(self) -> bool:
         """Whether the launcher writes the examples (each machine of a multi-node run then converts its own)."""
-        return self.text is not None or self.dataset is not None or self.eval_dataset is not None
+        return any(source is not None for source in (self.text, self.dataset, self.eval_dataset, self.eval_split))
 
 
 def tokenizer_dir(sources: Sources, start: Path) -> Path | None:
@@ -60,8 +60,7 @@ def examples_files(sources: Sources, specs: Any, causal_lm: bool, class_name: st
         splits["train"] = _split(sources.dataset, sources.split, "--dataset", TRAIN_SPLIT, scratch)
     if sources.eval_dataset is not None or sources.eval_split is not None:
         source = sources.eval_dataset or sources.dataset
-        if source is None:
-            raise UserError("--eval-split NAME reads a split of --dataset PATH: give it, or --eval-dataset PATH")
+        assert source is not None, "parse() refuses --eval-split without a dataset"
         flag = "--eval-dataset" if sources.eval_dataset is not None else "--dataset"
         splits["eval"] = _split(source, sources.eval_split, flag, EVAL_SPLIT, scratch)
     names = {"text_column": sources.text_column, "text_pair_column": sources.text_pair_column,

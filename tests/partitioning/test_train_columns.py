@@ -211,6 +211,10 @@ def test_the_formats_users_have_read_alike_and_bad_ones_are_one_line(tmp_path: P
     (tmp_path / "bad.parquet").write_text("not parquet")
     with pytest.raises(UserError, match="is not readable as parquet"):
         load_split(tmp_path / "bad.parquet", None, "--dataset", "train", cache)
+    (tmp_path / "bad.jsonl").write_text('{"text": "a"\n')
+    with pytest.raises(UserError, match="is not readable as json: .+") as error:
+        load_split(tmp_path / "bad.jsonl", None, "--dataset", "train", cache)
+    assert "An error occurred while generating" not in str(error.value)  # the parser's own words, not the wrapper's
 
 
 # kind -> (family, class, test config, first block of stage 1, the dataset's form, evaluated)
@@ -287,6 +291,9 @@ def test_a_classifier_trains_from_parquet_sentence_pairs_and_label_names(
 
     pairs = ["--dataset", str(tmp_path / "pairs.parquet"), "--tokenizer", str(tokenizer)]
     assert "has no column 'text'" in refused(*pairs)
+    assert "--eval-split NAME is a split of --dataset PATH" in refused("--data", str(plan), "--eval-split", "v")
+    (tmp_path / "ids.csv").write_text('input_ids,labels\n"[5, 6]",1\n')  # a CSV holds the list as text
+    assert "row 0: input_ids must be a list of integers" in refused("--dataset", str(tmp_path / "ids.csv"))
     assert "one of them" in refused(*pairs, "--data", str(plan))
     assert "names a column of --dataset" in refused("--data", str(plan), "--label-column", "y")
     assert "one file, one split (train): it has no split 'test'" in refused(*pairs, "--eval-split", "test")
