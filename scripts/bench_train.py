@@ -53,9 +53,9 @@ from partitioning.gpu.pipelining import CarryInputs, model_loss, split_spec  # n
 from partitioning.gpu.train import device_for_rank, rebuild  # noqa: E402
 from partitioning.solve.baselines import parameter_balanced_split  # noqa: E402
 from partitioning.solve.partition import Settings, build_plan  # noqa: E402
-from partitioning.train.cli import parse  # noqa: E402
 from partitioning.train.data import read_dataset  # noqa: E402
 from partitioning.train.rank import train  # noqa: E402
+from partitioning.train.request import parse  # noqa: E402
 from partitioning.train.stage import settings_of  # noqa: E402
 
 SECTION = "## Training runtime (`scripts/bench_train.py`)"

@@ -20,13 +20,13 @@ from common.errors import UserError
 from common.memory import return_large_frees
 from partitioning.files import read_plan
 from partitioning.gpu.train import device_for_rank
-from partitioning.train.cli import PROG, Request, kept_settings, parse, settings_text
 from partitioning.train.data import read_dataset
 from partitioning.train.evaluate import evaluate, rounds
 from partitioning.train.layout import METRICS
 from partitioning.train.loss_scale import LossScale
 from partitioning.train.metrics import MetricsLog, peak_memory
 from partitioning.train.optim import OptimizerSettings, exempt_from_decay, make_optimizer
+from partitioning.train.request import PROG, Request, kept_settings, parse, settings_text
 from partitioning.train.save import checkpoint_dir, prune, read_state, restore, save, training_state
 from partitioning.train.stage import StageModel, load_stage
 

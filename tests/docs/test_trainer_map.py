@@ -15,7 +15,7 @@ from support import REPO
 from support.release_process import environment
 
 from partitioning import cli as partition_cli
-from partitioning.train.cli import parser as train_parser
+from partitioning.train.request import parser as train_parser
 
 installer = load_script("install_releases")
 PAGE = REPO / "docs" / "train-model.md"

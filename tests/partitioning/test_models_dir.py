@@ -14,8 +14,8 @@ from converter.cli import main as convert_model
 from families.family import ModelFamily
 from partitioning.cli import main as partition_model
 from partitioning.files import read_plan
-from partitioning.train.cli import parse as parse_train
-from partitioning.train.cli import to_argv
+from partitioning.train.request import parse as parse_train
+from partitioning.train.request import to_argv
 
 PLAN = ["t5", "--stages", "2", "--shape", "tiny", "--batch", "2", "--granularity", "1", "--device", "meta"]
 

@@ -37,6 +37,7 @@ from partitioning.train.layout import METRICS
 from partitioning.train.stage import plan_model
 from partitioning.train.text import pack_lines, tokenizers_module
 
+datasets.disable_progress_bars()  # this module's own writes (to_parquet) print nothing the captured errors would hold
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "a", "dog", "ran"]
 ID = {word: index for index, word in enumerate(WORDS)}
 CLS, SEP = ID["[CLS]"], ID["[SEP]"]

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from test_train_model import save_checkpoint, write_data, write_plan
 
-from partitioning.train.cli import epoch_steps, main, parse
+from partitioning.train.cli import epoch_steps, main
 from partitioning.train.layout import SETTINGS
+from partitioning.train.request import parse
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from partitioning.train.cli import main, parse, settings_text
+from partitioning.train.cli import main
+from partitioning.train.request import parse, settings_text
 
 ARGV = ["--plan", "plan.json", "--checkpoint", "my-t5", "--data", "train.jsonl", "--steps", "10", "--save", "out",
         "--lr", "0.0001", "--betas", "0.9,0.99", "--decay", "cosine", "--clip-grad", "1.0", "--decay-all-parameters",

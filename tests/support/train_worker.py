@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 
 from families.loading import source_key
-from partitioning.train.cli import parse
 from partitioning.train.rank import train
+from partitioning.train.request import parse
 
 
 def run_case(name: str, argv: list[str], out: Path) -> dict:
