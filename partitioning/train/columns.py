@@ -53,7 +53,7 @@ from partitioning.train.data import IGNORED, is_label
 from partitioning.train.text import TOKENIZER, load_tokenizer, pack_lines
 
 SUFFIXES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
-MASKED = 0.15  # the share of tokens a masked LM predicts (BERT's)
+MASKED = 0.15  # the share of tokens a masked LM predicts (the masked-LM recipe's)
 MASK_TOKENS = ("[MASK]", "<mask>")
 PREFIX = "train-model"
 
@@ -120,7 +120,7 @@ class Columns:
         if self.causal_lm:
             return "causal-lm"
         if len(self.labels) != 1 or "input_ids" not in self.by_name:
-            return "pre-tokenized"  # several label inputs (BERT's pre-training): no text convention gives them
+            return "pre-tokenized"  # several label inputs (a pre-training head's): no text convention gives them
         label, ids = self.labels[0], self.by_name["input_ids"]
         if label.shape == (BATCH,):
             return "sequence-classification"

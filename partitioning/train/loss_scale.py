@@ -45,12 +45,10 @@ class LossScale:
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return self.scaler.scale(loss)
 
-    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
-        """The gradients divided by the scale, and whether any rank's overflowed found (a collective)."""
-        if isinstance(optimizer, PiecewiseAdamW):  # a large parameter's pieces: the views AdamW steps
-            with optimizer.gradient_views():
-                self.scaler.unscale_(optimizer)
-        else:
+    def unscale(self, optimizer: PiecewiseAdamW) -> None:
+        """The gradients divided by the scale, and whether any rank's overflowed found (a collective).  Seen
+        through the optimizer's gradient views: a large parameter's pieces are what AdamW steps."""
+        with optimizer.gradient_views():
             self.scaler.unscale_(optimizer)
 
     def step(self, optimizer: torch.optim.Optimizer, scheduler: Any) -> bool:

@@ -131,7 +131,7 @@ def exempt_from_decay(model: torch.nn.Module, stock_name: Callable[[str], str]) 
 
 
 def make_optimizer(named: Iterable[tuple[str, torch.nn.Parameter]], exempt: set[str], settings: OptimizerSettings
-                   ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+                   ) -> tuple[PiecewiseAdamW, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over ``named`` (in order) and its schedule: the ``exempt`` names in a group of weight decay 0 after the
     others' (both groups always, so that a save's state fits any stage of the same plan), or one group with
     ``settings.decay_all``."""

@@ -27,13 +27,29 @@ CASES = {"t5": ("2layer-gelu-tied", "encoder.block.1", "gpipe"),
 HUGE = 2.0**100  # every step's fp16 gradients overflow from this scale on (an fp32 number: the scale is one)
 
 
+Made = dict[str, tuple[Path, Path, Path]]  # family -> its checkpoint, plan, data
+
+
 def assert_equal(family_name: str, saved: Path, expected: object) -> None:
     different = train_runs.saved_differences(FAMILIES[family_name], saved, expected)  # type: ignore[arg-type]
     assert different == {}, sorted(different.items(), key=lambda item: -item[1])[:5]
 
 
+def trained_as_one_process(runs: tuple[Path, Made], family_name: str, saved: str, steps: int,
+                           scale: float) -> tuple[list[bool], list[dict]]:
+    """The saved run ``saved`` equals ``steps`` of one process from the loss scale ``scale``: which steps that
+    process skipped, and the run's metrics records."""
+    root, made = runs
+    checkpoint, plan, data = made[family_name]
+    skipped: list[bool] = []
+    expected = train_runs.reference(FAMILIES[family_name], checkpoint, plan, data, steps, fp16_scale=scale,
+                                    skipped=skipped)
+    assert_equal(family_name, root / saved, expected)
+    return skipped, [json.loads(line) for line in (root / saved / METRICS).read_text().splitlines()]
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path, Path]]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Made]:
     """Every family's checkpoint, plan and data, and every case trained in one 2-rank launch."""
     root = tmp_path_factory.mktemp("fp16")
     cases, made = {}, {}
@@ -54,48 +70,31 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path
                      str(HUGE), "--save", str(root / "half")]
     cases["resumed"] = [*common, "--resume", str(root / "half"), "--steps", "4", "--save", str(root / "resumed")]
     launch(2, cases, root / "records")
-    return {"root": (root, root, root), **made}
+    return root, made
 
 
 @pytest.mark.parametrize("family_name", CASES)
-def test_fp16_equals_one_process_with_torchs_grad_scaler(runs: dict[str, tuple[Path, Path, Path]],
-                                                         family_name: str) -> None:
-    root = runs["root"][0]
-    checkpoint, plan, data = runs[family_name]
-    skipped: list[bool] = []
-    expected = train_runs.reference(FAMILIES[family_name], checkpoint, plan, data, STEPS, fp16_scale=INITIAL,
-                                    skipped=skipped)
-    assert_equal(family_name, root / family_name, expected)
-    logged = [json.loads(line) for line in (root / family_name / METRICS).read_text().splitlines()]
+def test_fp16_equals_one_process_with_torchs_grad_scaler(runs: tuple[Path, Made], family_name: str) -> None:
+    skipped, logged = trained_as_one_process(runs, family_name, family_name, STEPS, INITIAL)
     assert [record["skipped"] for record in logged] == skipped
     assert logged[0]["loss_scale"] == INITIAL and all("grad_norm" in r for r in logged if not r["skipped"])
 
 
 @pytest.mark.parametrize("family_name", CASES)
-def test_an_overflow_skips_the_step_on_every_rank_and_halves_the_scale(runs: dict[str, tuple[Path, Path, Path]],
+def test_an_overflow_skips_the_step_on_every_rank_and_halves_the_scale(runs: tuple[Path, Made],
                                                                       family_name: str) -> None:
-    root = runs["root"][0]
-    checkpoint, plan, data = runs[family_name]
-    skipped: list[bool] = []
-    expected = train_runs.reference(FAMILIES[family_name], checkpoint, plan, data, 2, fp16_scale=HUGE,
-                                    skipped=skipped)
+    skipped, logged = trained_as_one_process(runs, family_name, f"{family_name}-huge", 2, HUGE)
     assert skipped == [True, True]
-    assert_equal(family_name, root / f"{family_name}-huge", expected)  # the checkpoint's weights, untrained
-    assert_equal(family_name, root / f"{family_name}-huge", train_runs.load_stock(FAMILIES[family_name], checkpoint))
-    logged = [json.loads(line) for line in (root / f"{family_name}-huge" / METRICS).read_text().splitlines()]
+    checkpoint = runs[1][family_name][0]  # the checkpoint's weights, untrained
+    assert_equal(family_name, runs[0] / f"{family_name}-huge", train_runs.load_stock(FAMILIES[family_name], checkpoint))
     assert [(r["loss_scale"], r["skipped"], r["lr"]) for r in logged] == [(HUGE, True, 0.0), (HUGE / 2, True, 0.0)]
     assert all("grad_norm" not in record for record in logged)  # inf or NaN: no JSON number
 
 
-def test_a_resumed_fp16_run_continues_its_scale(runs: dict[str, tuple[Path, Path, Path]]) -> None:
+def test_a_resumed_fp16_run_continues_its_scale(runs: tuple[Path, Made]) -> None:
     """2 steps from 2**100 (both skipped), saved, resumed to 4 without --loss-scale: the saved 2**98 goes on (a
     fresh 2**16 would train)."""
-    root = runs["root"][0]
-    checkpoint, plan, data = runs["t5"]
-    skipped: list[bool] = []
-    expected = train_runs.reference(FAMILIES["t5"], checkpoint, plan, data, 4, fp16_scale=HUGE, skipped=skipped)
-    assert_equal("t5", root / "resumed", expected)
-    logged = [json.loads(line) for line in (root / "resumed" / METRICS).read_text().splitlines()]
+    skipped, logged = trained_as_one_process(runs, "t5", "resumed", 4, HUGE)
     assert [(r["step"], r["loss_scale"], r["skipped"]) for r in logged] == [
         (step + 1, HUGE / 2**step, skipped[step]) for step in range(4)]
 
