@@ -7,7 +7,6 @@ micro-batches always predict better), where a per-action overhead makes fewer mi
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from dataclasses import replace
 
@@ -174,6 +173,7 @@ def test_the_calibrated_update_rate_is_the_rate_of_a_step_on_real_gradients() ->
             optimizer.zero_grad()
             if attempt:
                 took.append(time.thread_time() - start)
-    rate = statistics.median(rates)
-    measured = statistics.median(took) / (4 * 1024 * 4096 * 4)
+    # the least of each: a neighbour's load only ever adds time, and a median of six still carried it (1.9x once)
+    rate = min(rates)
+    measured = min(took) / (4 * 1024 * 4096 * 4)
     assert 0.75 < rate / measured < 1.4, (rate * 1e9, measured * 1e9)
